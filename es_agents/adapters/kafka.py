@@ -1,0 +1,364 @@
+"""The log on Apache Kafka: idempotent appends, per-run reads, commands and the DLQ.
+
+``append`` returns only after the broker acknowledged every record (acks=all with the
+idempotent producer). A background thread serves librdkafka's delivery callbacks, so
+appends from many threads share the producer and are batched by librdkafka while an
+earlier request is in flight: group commit without a timer.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Generic, TypeVar, final
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from es_agents.codec import AvroCodec
+from es_agents.core.commands import Command
+from es_agents.core.events import Event
+from es_agents.errors import AppendError, ConfigError, DecodeError, Unavailable
+from es_agents.partitioner import partition_for
+from es_agents.ports import Position
+from es_agents.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T", Event, Command)
+
+
+def _error_cb(err: KafkaError) -> None:
+    # librdkafka retries transient errors itself; fatal ones surface in delivery reports.
+    log.warning("kafka client error: %s", err)
+
+
+def ensure_topics(settings: KafkaSettings, timeout: float = 30.0) -> None:
+    """Create commands, events and DLQ topics; check partition counts agree."""
+    admin = AdminClient({**settings.to_librdkafka(), "error_cb": _error_cb})
+    topics = [settings.commands_topic, settings.events_topic, settings.dlq_topic]
+    try:
+        existing = admin.list_topics(timeout=timeout).topics
+    except KafkaException as e:
+        raise Unavailable(f"kafka at {settings.bootstrap_servers}: {e}") from e
+    missing = [
+        NewTopic(t, num_partitions=settings.partitions,
+                 replication_factor=settings.replication_factor)
+        for t in topics if t not in existing
+    ]
+    if missing:
+        for topic, future in admin.create_topics(missing, request_timeout=timeout).items():
+            try:
+                future.result(timeout)
+            except KafkaException as e:
+                if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise Unavailable(f"cannot create topic {topic}: {e}") from e
+        existing = admin.list_topics(timeout=timeout).topics
+    counts = {t: len(existing[t].partitions) for t in topics[:2] if t in existing}
+    if len(set(counts.values())) > 1 or any(
+        n != settings.partitions for n in counts.values()
+    ):
+        raise ConfigError(
+            f"partition counts {counts} differ from each other or from the configured "
+            f"{settings.partitions}; a run's commands and events must share a partition"
+        )
+
+
+@final
+class KafkaProducerLink:
+    """One idempotent producer per process, with futures for acknowledgements."""
+
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.settings = settings
+        self._producer = Producer({**settings.producer_config(), "error_cb": _error_cb})
+        self._closed = threading.Event()
+        self._poller = threading.Thread(target=self._poll, name="es-kafka-acks", daemon=True)
+        self._poller.start()
+
+    def _poll(self) -> None:
+        while not self._closed.is_set():
+            self._producer.poll(0.05)
+
+    def produce(
+        self,
+        topic: str,
+        key: str,
+        value: bytes,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> Future[Position]:
+        future: Future[Position] = Future()
+
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                future.set_exception(
+                    AppendError(f"{topic} key {key}: not acknowledged: {err}")
+                )
+            else:
+                future.set_result(Position(msg.topic(), msg.partition(), msg.offset()))
+
+        while True:
+            try:
+                self._producer.produce(
+                    topic, value=value, key=key, headers=headers, on_delivery=delivered
+                )
+                return future
+            except BufferError:
+                # The local queue is full: wait for acknowledgements to drain it.
+                self._producer.poll(0.01)
+            except KafkaException as e:
+                raise AppendError(f"{topic} key {key}: cannot produce: {e}") from e
+
+    def wait(self, futures: Sequence[Future[Position]]) -> list[Position]:
+        timeout = self.settings.delivery_timeout_ms / 1000 + 5
+        return [f.result(timeout) for f in futures]
+
+    def close(self) -> None:
+        self._producer.flush(self.settings.delivery_timeout_ms / 1000)
+        self._closed.set()
+        self._poller.join()
+
+
+@final
+class KafkaEventLog:
+    """``EventLog`` and ``CommandBus`` over the configured topics."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        codec: AvroCodec | None = None,
+        link: KafkaProducerLink | None = None,
+    ) -> None:
+        self.settings = settings
+        self.codec = codec if codec is not None else AvroCodec()
+        self._owns_link = link is None
+        self.link = link if link is not None else KafkaProducerLink(settings)
+        self._reader: Consumer | None = None
+        self._reader_lock = threading.Lock()
+
+    # -- writing ---------------------------------------------------------------
+    def append(self, events: Sequence[Event]) -> list[Position]:
+        futures = [
+            self.link.produce(self.settings.events_topic, e.run_id, self.codec.encode(e))
+            for e in events
+        ]
+        return self.link.wait(futures)
+
+    def send(self, command: Command) -> Position:
+        future = self.link.produce(
+            self.settings.commands_topic, command.run_id, self.codec.encode(command)
+        )
+        return self.link.wait([future])[0]
+
+    def partition_for(self, run_id: str) -> int:
+        return partition_for(run_id, self.settings.partitions)
+
+    # -- reading ---------------------------------------------------------------
+    def read_run(self, run_id: str, from_offset: int = 0) -> list[Event]:
+        """The run's events from ``from_offset`` of its partition to the current end."""
+        partition = self.partition_for(run_id)
+        key = run_id.encode()
+        events: list[Event] = []
+        for msg in self.read_partition(self.settings.events_topic, partition, from_offset):
+            if msg.key() == key:
+                events.append(self._decode_at(msg))
+        return events
+
+    def read_partition(
+        self, topic: str, partition: int, start: int = 0, end: int | None = None
+    ) -> Iterator[Message]:
+        """Messages of one partition from ``start`` up to ``end`` (default: its end now)."""
+        with self._reader_lock:
+            reader = self._reader_consumer()
+            tp = TopicPartition(topic, partition)
+            try:
+                low, high = reader.get_watermark_offsets(tp, timeout=10)
+            except KafkaException as e:
+                raise Unavailable(f"{topic}[{partition}]: no watermarks: {e}") from e
+            stop = high if end is None else min(end, high)
+            first = max(start, low)
+            if first >= stop:
+                return
+            reader.assign([TopicPartition(topic, partition, first or OFFSET_BEGINNING)])
+            try:
+                while True:
+                    batch = reader.consume(num_messages=2000, timeout=5.0)
+                    if not batch:
+                        position = reader.position([tp])[0].offset
+                        if position >= stop:
+                            return
+                        raise Unavailable(f"{topic}[{partition}]: stalled at {position}")
+                    for msg in batch:
+                        if msg.error() is not None:
+                            raise Unavailable(f"{topic}[{partition}]: {msg.error()}")
+                        if msg.offset() >= stop:
+                            return
+                        yield msg
+                        if msg.offset() + 1 >= stop:
+                            return
+            finally:
+                reader.unassign()
+
+    def _reader_consumer(self) -> Consumer:
+        if self._reader is None:
+            conf = self.settings.consumer_config(f"{self.settings.topic_prefix}.reader")
+            self._reader = Consumer({**conf, "error_cb": _error_cb})
+        return self._reader
+
+    def _decode_at(self, msg: Message) -> Event:
+        try:
+            return self.codec.decode_event(msg.value())
+        except DecodeError as e:
+            raise DecodeError(
+                f"{msg.topic()}[{msg.partition()}]@{msg.offset()}: {e}"
+            ) from e
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        if self._owns_link:
+            self.link.close()
+
+
+@dataclass(frozen=True, slots=True)
+class Received(Generic[T]):
+    """A decoded message and where it was read."""
+
+    message: T
+    topic: str
+    partition: int
+    offset: int
+
+
+@final
+class DeadLetterQueue:
+    """``es.dlq``: the original key and bytes, with the reason and origin in headers."""
+
+    def __init__(self, settings: KafkaSettings, link: KafkaProducerLink) -> None:
+        self.topic = settings.dlq_topic
+        self._link = link
+
+    def send(self, msg: Message, reason: str) -> Position:
+        key = msg.key()
+        headers = [
+            ("es.dlq.reason", reason.encode()),
+            ("es.dlq.topic", msg.topic().encode()),
+            ("es.dlq.partition", str(msg.partition()).encode()),
+            ("es.dlq.offset", str(msg.offset()).encode()),
+            ("es.dlq.at", datetime.now(UTC).isoformat().encode()),
+        ]
+        future = self._link.produce(
+            self.topic,
+            key.decode(errors="replace") if key is not None else "",
+            msg.value() or b"",
+            headers,
+        )
+        position = self._link.wait([future])[0]
+        log.warning(
+            "dead-lettered %s[%d]@%d to %s@%d: %s", msg.topic(), msg.partition(),
+            msg.offset(), self.topic, position.offset, reason,
+        )
+        return position
+
+
+@final
+class KafkaSource(Generic[T]):
+    """A consumer-group member that yields decoded messages and dead-letters the rest.
+
+    A message that does not decode is written to the DLQ (and acknowledged there)
+    before the source moves past it, so nothing is lost and nothing stalls the
+    partition. Offsets are committed only by ``commit``, after the caller acted.
+    """
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        topic: str,
+        group_id: str,
+        decode: Callable[[bytes], T],
+        dlq: DeadLetterQueue,
+        on_assign: Callable[[list[int]], None] | None = None,
+        on_revoke: Callable[[list[int]], None] | None = None,
+    ) -> None:
+        self.topic = topic
+        self._decode = decode
+        self._dlq = dlq
+        self._consumer = Consumer(
+            {**settings.consumer_config(group_id), "error_cb": _error_cb}
+        )
+        self._on_assign = on_assign
+        self._on_revoke = on_revoke
+        self._consumer.subscribe(
+            [topic], on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._revoked
+        )
+        self.dead_lettered = 0
+
+    def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._on_assign is not None:
+            self._on_assign([p.partition for p in partitions])
+
+    def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._on_revoke is not None:
+            self._on_revoke([p.partition for p in partitions])
+
+    def poll(self, timeout: float = 1.0, max_messages: int = 500) -> list[Received[T]]:
+        out: list[Received[T]] = []
+        for msg in self._consumer.consume(num_messages=max_messages, timeout=timeout):
+            err = msg.error()
+            if err is not None:
+                if err.fatal():
+                    raise Unavailable(f"{self.topic}: fatal consumer error: {err}")
+                log.warning("%s: consumer error: %s", self.topic, err)
+                continue
+            try:
+                message = self._decode(msg.value() or b"")
+            except DecodeError as e:
+                self._dlq.send(msg, str(e))
+                self.dead_lettered += 1
+                self._mark(msg)
+                continue
+            out.append(Received(message, msg.topic(), msg.partition(), msg.offset()))
+            self._mark(msg)
+        return out
+
+    def _mark(self, msg: Message) -> None:
+        self._consumer.store_offsets(
+            offsets=[TopicPartition(msg.topic(), msg.partition(), msg.offset() + 1)]
+        )
+
+    def commit(self) -> None:
+        """Commit what ``poll`` handed out (and dead-lettered) so far."""
+        try:
+            self._consumer.commit(asynchronous=False)
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError._NO_OFFSET:
+                raise Unavailable(f"{self.topic}: commit failed: {e}") from e
+
+    def close(self) -> None:
+        self._consumer.close()
+
+
+def wait_until_ready(settings: KafkaSettings, timeout: float = 60.0) -> None:
+    """Block until the broker answers metadata requests."""
+    admin = AdminClient(settings.to_librdkafka())
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            admin.list_topics(timeout=1.0)
+            return
+        except KafkaException as e:
+            if time.monotonic() > deadline:
+                raise Unavailable(f"kafka at {settings.bootstrap_servers}: {e}") from e

@@ -1,0 +1,72 @@
+"""Commands: imperative requests to a run, one Avro schema each (``schemas/commands``).
+
+Commands are keyed by run id like events, so a run's commands and events share a
+partition number. ``command_id`` makes a resent command a no-op.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from es_agents.core.events import new_id, utc_now
+
+
+class Command(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    wire_name: ClassVar[str]
+
+    command_id: str = Field(default_factory=new_id)
+    run_id: str
+    at: datetime = Field(default_factory=utc_now)
+
+
+class StartRun(Command):
+    wire_name: ClassVar[str] = "start_run"
+
+    agent: str
+    input_json: str = "{}"
+
+
+class Approve(Command):
+    wire_name: ClassVar[str] = "approve"
+
+    by: str
+    comment: str | None = None
+
+
+class Reject(Command):
+    wire_name: ClassVar[str] = "reject"
+
+    by: str
+    reason: str | None = None
+
+
+class ProvideInput(Command):
+    wire_name: ClassVar[str] = "provide_input"
+
+    by: str
+    input_json: str
+
+
+class Cancel(Command):
+    wire_name: ClassVar[str] = "cancel"
+
+    by: str
+    reason: str | None = None
+
+
+class FireTimer(Command):
+    wire_name: ClassVar[str] = "fire_timer"
+
+    timer_id: str
+    due_at: datetime
+
+
+COMMAND_TYPES: dict[str, type[Command]] = {
+    cls.wire_name: cls
+    for cls in (StartRun, Approve, Reject, ProvideInput, Cancel, FireTimer)
+}

@@ -1,0 +1,167 @@
+"""Run events: past-tense facts, one Avro schema each (``schemas/events``).
+
+Every event carries the run id (the Kafka key), a per-run sequence number, the step it
+belongs to, a unique event id and the writer's time. The schema version is not a field:
+the codec identifies the writer schema on the wire by its fingerprint.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+def utc_now() -> datetime:
+    # Avro timestamp-millis keeps milliseconds; truncating here makes a decoded event
+    # equal to the one that was encoded.
+    now = datetime.now(UTC)
+    return now.replace(microsecond=now.microsecond // 1000 * 1000)
+
+
+class Event(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    wire_name: ClassVar[str]
+
+    run_id: str
+    seq: int = Field(ge=0)
+    step: int = Field(ge=0)
+    event_id: str = Field(default_factory=new_id)
+    at: datetime = Field(default_factory=utc_now)
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    call_id: str
+    name: str
+    args_json: str
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class RunStarted(Event):
+    wire_name: ClassVar[str] = "run_started"
+
+    agent: str
+    input_json: str
+    command_id: str
+    agent_version: str = ""
+    code_revision: str = ""
+    prompt_hash: str = ""
+    model_id: str = ""
+    tools_hash: str = ""
+    reducer_version: int = 1
+
+
+class ModelCallRequested(Event):
+    wire_name: ClassVar[str] = "model_call_requested"
+
+    messages_hash: str
+    message_count: int
+    params_json: str
+    attempt: int = 1
+
+
+class ModelResponded(Event):
+    wire_name: ClassVar[str] = "model_responded"
+
+    content: str | None = None
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str = "stop"
+    usage: Usage = Usage()
+    model_id: str = ""
+
+
+class ToolCallRequested(Event):
+    wire_name: ClassVar[str] = "tool_call_requested"
+
+    call_id: str
+    tool: str
+    args_json: str
+    idempotency_key: str
+    side_effect: bool = True
+
+
+class ToolReturned(Event):
+    wire_name: ClassVar[str] = "tool_returned"
+
+    call_id: str
+    result_json: str | None = None
+    error: str | None = None
+    reconciled: bool = False
+
+
+class StatePatched(Event):
+    wire_name: ClassVar[str] = "state_patched"
+
+    key: str
+    value_json: str
+
+
+class Interrupted(Event):
+    wire_name: ClassVar[str] = "interrupted"
+
+    reason: str
+    detail_json: str = "{}"
+    wake_at: datetime | None = None
+
+
+class Resumed(Event):
+    wire_name: ClassVar[str] = "resumed"
+
+    reason: str
+    command_id: str | None = None
+    by: str | None = None
+    input_json: str | None = None
+
+
+class RunCompleted(Event):
+    wire_name: ClassVar[str] = "run_completed"
+
+    output_json: str
+
+
+class RunFailed(Event):
+    wire_name: ClassVar[str] = "run_failed"
+
+    error: str
+    kind: str = "error"
+
+
+class Migrated(Event):
+    wire_name: ClassVar[str] = "migrated"
+
+    from_version: str
+    to_version: str
+    changes_json: str = "{}"
+
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.wire_name: cls
+    for cls in (
+        RunStarted,
+        ModelCallRequested,
+        ModelResponded,
+        ToolCallRequested,
+        ToolReturned,
+        StatePatched,
+        Interrupted,
+        Resumed,
+        RunCompleted,
+        RunFailed,
+        Migrated,
+    )
+}

@@ -1,0 +1,233 @@
+"""The fold: state after a prefix of the log is ``fold`` over that prefix.
+
+``fold(state, event)`` applies one event. It updates ``state`` in place and returns it,
+so folding ten thousand events costs ten thousand small updates instead of ten thousand
+copies; ``replay`` starts from a fresh or a copied state, so callers that keep the
+state they pass in use ``replay``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable
+from functools import singledispatch
+
+from es_agents.core.events import (
+    Event,
+    Interrupted,
+    Migrated,
+    ModelCallRequested,
+    ModelResponded,
+    Resumed,
+    RunCompleted,
+    RunFailed,
+    RunStarted,
+    StatePatched,
+    ToolCallRequested,
+    ToolReturned,
+)
+from es_agents.core.state import (
+    LastResume,
+    PendingModelCall,
+    PendingToolCall,
+    RunState,
+    Versions,
+    Waiting,
+)
+from es_agents.errors import FoldError
+
+
+def fold(state: RunState, event: Event) -> RunState:
+    if event.run_id != state.run_id:
+        raise FoldError(
+            f"event {event.event_id} of run {event.run_id} folded into run {state.run_id}"
+        )
+    if event.seq != state.seq + 1:
+        raise FoldError(
+            f"run {state.run_id}: expected seq {state.seq + 1}, got {event.seq} "
+            f"({event.wire_name} {event.event_id})"
+        )
+    if state.terminal:
+        raise FoldError(f"run {state.run_id} is {state.status}; got {event.wire_name}")
+    _apply(event, state)
+    state.seq = event.seq
+    state.step = max(state.step, event.step)
+    state.updated_at = event.at
+    return state
+
+
+def replay(events: Iterable[Event], start: RunState | None = None) -> RunState:
+    """Fold ``events`` onto a copy of ``start`` (or onto a new state)."""
+    iterator = iter(events)
+    if start is None:
+        first = next(iterator, None)
+        if first is None:
+            raise FoldError("cannot replay an empty log without a starting state")
+        state = fold(RunState(run_id=first.run_id), first)
+    else:
+        state = copy.deepcopy(start)
+    for event in iterator:
+        fold(state, event)
+    return state
+
+
+def _require_running(state: RunState, event: Event) -> None:
+    if state.status != "running":
+        raise FoldError(
+            f"run {state.run_id} is {state.status}; {event.wire_name} needs running"
+        )
+
+
+@singledispatch
+def _apply(event: Event, state: RunState) -> None:
+    raise FoldError(f"no fold rule for {type(event).__name__}")
+
+
+@_apply.register
+def _(event: RunStarted, state: RunState) -> None:
+    if event.seq != 0:
+        raise FoldError(f"run {state.run_id}: run_started must be seq 0")
+    state.agent = event.agent
+    state.input_json = event.input_json
+    state.status = "running"
+    state.started_at = event.at
+    state.versions = Versions(
+        agent_version=event.agent_version,
+        code_revision=event.code_revision,
+        prompt_hash=event.prompt_hash,
+        model_id=event.model_id,
+        tools_hash=event.tools_hash,
+        reducer_version=event.reducer_version,
+    )
+
+
+def _require_started(state: RunState, event: Event) -> None:
+    if state.seq < 0:
+        raise FoldError(f"run {state.run_id}: {event.wire_name} before run_started")
+
+
+@_apply.register
+def _(event: ModelCallRequested, state: RunState) -> None:
+    _require_started(state, event)
+    _require_running(state, event)
+    if isinstance(state.pending, PendingToolCall):
+        raise FoldError(f"run {state.run_id}: model call while a tool call is pending")
+    state.pending = PendingModelCall(
+        step=event.step,
+        seq=event.seq,
+        messages_hash=event.messages_hash,
+        attempt=event.attempt,
+    )
+    state.model_attempts += 1
+
+
+@_apply.register
+def _(event: ModelResponded, state: RunState) -> None:
+    if not isinstance(state.pending, PendingModelCall):
+        raise FoldError(f"run {state.run_id}: model_responded without a request")
+    state.pending = None
+    state.model_calls += 1
+    state.prompt_tokens += event.usage.prompt_tokens
+    state.completion_tokens += event.usage.completion_tokens
+    message: dict[str, object] = {"role": "assistant", "content": event.content}
+    if event.tool_calls:
+        message["tool_calls"] = [c.model_dump() for c in event.tool_calls]
+    state.transcript.append(message)  # type: ignore[arg-type]
+    state.open_tool_calls = list(event.tool_calls)
+
+
+@_apply.register
+def _(event: ToolCallRequested, state: RunState) -> None:
+    _require_started(state, event)
+    _require_running(state, event)
+    if state.pending is not None:
+        raise FoldError(f"run {state.run_id}: tool call while another call is pending")
+    state.pending = PendingToolCall(
+        step=event.step,
+        seq=event.seq,
+        call_id=event.call_id,
+        tool=event.tool,
+        args_json=event.args_json,
+        idempotency_key=event.idempotency_key,
+        side_effect=event.side_effect,
+    )
+
+
+@_apply.register
+def _(event: ToolReturned, state: RunState) -> None:
+    pending = state.pending
+    if not isinstance(pending, PendingToolCall) or pending.call_id != event.call_id:
+        raise FoldError(
+            f"run {state.run_id}: tool_returned for {event.call_id} without its request"
+        )
+    state.pending = None
+    state.tool_calls += 1
+    if event.reconciled:
+        state.reconciled_calls += 1
+    state.open_tool_calls = [
+        c for c in state.open_tool_calls if c.call_id != event.call_id
+    ]
+    content = event.result_json if event.error is None else f"error: {event.error}"
+    state.transcript.append(
+        {
+            "role": "tool",
+            "tool_call_id": event.call_id,
+            "name": pending.tool,
+            "content": content,
+        }
+    )
+
+
+@_apply.register
+def _(event: StatePatched, state: RunState) -> None:
+    _require_started(state, event)
+    state.vars[event.key] = json.loads(event.value_json)
+
+
+@_apply.register
+def _(event: Interrupted, state: RunState) -> None:
+    _require_started(state, event)
+    _require_running(state, event)
+    state.status = "blocked" if event.reason == "version_mismatch" else "paused"
+    state.waiting = Waiting(
+        reason=event.reason,
+        detail_json=event.detail_json,
+        wake_at=event.wake_at,
+        since_seq=event.seq,
+    )
+
+
+@_apply.register
+def _(event: Resumed, state: RunState) -> None:
+    if state.status not in ("paused", "blocked"):
+        raise FoldError(f"run {state.run_id} is {state.status}; cannot resume")
+    state.status = "running"
+    state.waiting = None
+    state.last_resume = LastResume(
+        reason=event.reason, by=event.by, input_json=event.input_json, seq=event.seq
+    )
+
+
+@_apply.register
+def _(event: RunCompleted, state: RunState) -> None:
+    _require_started(state, event)
+    state.status = "completed"
+    state.output_json = event.output_json
+    state.pending = None
+    state.waiting = None
+
+
+@_apply.register
+def _(event: RunFailed, state: RunState) -> None:
+    _require_started(state, event)
+    state.status = "failed"
+    state.error = event.error
+    state.pending = None
+    state.waiting = None
+
+
+@_apply.register
+def _(event: Migrated, state: RunState) -> None:
+    _require_started(state, event)
+    state.migrations.append((event.from_version, event.to_version))

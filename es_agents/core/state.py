@@ -1,0 +1,101 @@
+"""The state of one run: what the fold of its log says, nothing more."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal
+
+from pydantic import JsonValue
+
+from es_agents.core.events import ToolCall
+
+RunStatus = Literal["running", "paused", "completed", "failed", "blocked"]
+TERMINAL: frozenset[str] = frozenset({"completed", "failed"})
+
+
+@dataclass(slots=True)
+class PendingModelCall:
+    """A ``model_call_requested`` with no ``model_responded`` yet."""
+
+    step: int
+    seq: int
+    messages_hash: str
+    attempt: int
+
+
+@dataclass(slots=True)
+class PendingToolCall:
+    """A ``tool_call_requested`` with no ``tool_returned`` yet."""
+
+    step: int
+    seq: int
+    call_id: str
+    tool: str
+    args_json: str
+    idempotency_key: str
+    side_effect: bool
+
+
+@dataclass(slots=True)
+class Waiting:
+    """Why a paused run waits, and since which event."""
+
+    reason: str
+    detail_json: str
+    wake_at: datetime | None
+    since_seq: int
+
+
+@dataclass(slots=True)
+class Versions:
+    """What the run started under; the version gate compares it to the running code."""
+
+    agent_version: str = ""
+    code_revision: str = ""
+    prompt_hash: str = ""
+    model_id: str = ""
+    tools_hash: str = ""
+    reducer_version: int = 1
+
+
+@dataclass(slots=True)
+class LastResume:
+    reason: str
+    by: str | None
+    input_json: str | None
+    seq: int
+
+
+@dataclass(slots=True)
+class RunState:
+    """A run's state. ``seq`` is the last folded sequence number (-1: nothing yet)."""
+
+    run_id: str
+    agent: str = ""
+    input_json: str = "null"
+    status: RunStatus = "running"
+    seq: int = -1
+    step: int = 0
+    transcript: list[dict[str, JsonValue]] = field(default_factory=list)
+    open_tool_calls: list[ToolCall] = field(default_factory=list)
+    pending: PendingModelCall | PendingToolCall | None = None
+    waiting: Waiting | None = None
+    vars: dict[str, JsonValue] = field(default_factory=dict)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    model_calls: int = 0
+    model_attempts: int = 0
+    tool_calls: int = 0
+    reconciled_calls: int = 0
+    last_resume: LastResume | None = None
+    output_json: str | None = None
+    error: str | None = None
+    versions: Versions = field(default_factory=Versions)
+    migrations: list[tuple[str, str]] = field(default_factory=list)
+    started_at: datetime | None = None
+    updated_at: datetime | None = None
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL

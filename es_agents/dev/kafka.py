@@ -1,0 +1,147 @@
+"""A single-node Apache Kafka (KRaft, combined broker+controller) from Maven jars."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+from importlib import resources
+
+from es_agents.dev.config import KAFKA_VERSION, DevSettings
+from es_agents.dev.process import (
+    ManagedProcess,
+    require_free_port,
+    require_tool,
+    run,
+    wait_for,
+)
+from es_agents.errors import Unavailable
+
+
+class DevKafka:
+    name = "kafka"
+
+    def __init__(self, dev: DevSettings) -> None:
+        self.dev = dev
+        self.dir = dev.root / "kafka"
+        self.lib = self.dir / f"lib-{KAFKA_VERSION}"
+        self.data = self.dir / "data"
+        self.proc = ManagedProcess("kafka", self.dir / "kafka.pid", self.dir / "broker.log")
+
+    @property
+    def endpoint(self) -> str:
+        return self.dev.kafka_bootstrap
+
+    def install(self) -> None:
+        """Resolve the broker's jars from Maven Central once; later calls are free."""
+        done = self.lib / ".complete"
+        if done.exists():
+            return
+        require_tool("java", ["openjdk-17-jre-headless"])
+        mvn = require_tool("mvn", ["maven"])
+        self.dir.mkdir(parents=True, exist_ok=True)
+        pom = self.dir / "pom.xml"
+        pom.write_text(resources.files("es_agents.dev").joinpath("assets/kafka-pom.xml")
+                       .read_text().replace("<kafka.version>4.4.0<",
+                                            f"<kafka.version>{KAFKA_VERSION}<"))
+        tmp = self.lib.with_suffix(".partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        run([mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+             "-DincludeScope=runtime", f"-DoutputDirectory={tmp}"],
+            f"resolving Kafka {KAFKA_VERSION} jars with Maven")
+        tmp.rename(self.lib)
+        done.write_text(KAFKA_VERSION + "\n")
+
+    def _properties(self) -> Path:
+        d = self.dev
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@{d.host}:{d.kafka_controller_port}",
+            "listeners": f"PLAINTEXT://{d.host}:{d.kafka_port},"
+                         f"CONTROLLER://{d.host}:{d.kafka_controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{d.host}:{d.kafka_port}",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "log.dirs": str(self.data),
+            "num.partitions": "1",
+            "auto.create.topics.enable": "false",
+            "offsets.topic.replication.factor": "1",
+            "offsets.topic.num.partitions": "1",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.num.partitions": "1",
+            "share.coordinator.state.topic.replication.factor": "1",
+            "share.coordinator.state.topic.min.isr": "1",
+            "min.insync.replicas": "1",
+            "group.initial.rebalance.delay.ms": "0",
+            "log.cleaner.backoff.ms": "1000",
+        }
+        path = self.dir / "server.properties"
+        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        return path
+
+    def _java(self, main: str, *args: str) -> list[str]:
+        log4j = self.dir / "log4j2.properties"
+        log4j.write_text(resources.files("es_agents.dev").joinpath("assets/log4j2.properties")
+                         .read_text())
+        return [
+            "java", f"-Xms{self.dev.kafka_heap}", f"-Xmx{self.dev.kafka_heap}",
+            "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={self.dir}",
+            "-cp", f"{self.lib}/*", main, *args,
+        ]
+
+    def start(self) -> bool:
+        """Start the broker unless it runs; True if this call started it."""
+        if self.proc.pid() is not None:
+            self.wait_ready()
+            return False
+        require_free_port(self.dev.host, self.dev.kafka_port, "kafka")
+        self.install()
+        props = self._properties()
+        if not (self.data / "meta.properties").exists():
+            cluster_id = run(self._java("kafka.tools.StorageTool", "random-uuid"),
+                             "kafka storage random-uuid").strip().splitlines()[-1]
+            run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
+                           "-c", str(props), "--ignore-formatted"),
+                "kafka storage format")
+        self.proc.spawn(self._java("kafka.Kafka", str(props)))
+        self.wait_ready()
+        return True
+
+    def answers(self) -> bool:
+        try:
+            with socket.create_connection((self.dev.host, self.dev.kafka_port), timeout=0.5):
+                pass
+        except OSError:
+            return False
+        from confluent_kafka import KafkaException  # noqa: PLC0415
+        from confluent_kafka.admin import AdminClient  # noqa: PLC0415
+
+        try:
+            AdminClient({"bootstrap.servers": self.endpoint}).list_topics(timeout=2)
+        except KafkaException:
+            return False
+        return True
+
+    def wait_ready(self, timeout: float = 90.0) -> None:
+        def ready() -> bool:
+            if self.proc.pid() is None:
+                raise Unavailable(f"kafka exited during start:\n{self.proc.log_tail()}")
+            return self.answers()
+
+        if not wait_for(ready, timeout, interval=0.2):
+            raise Unavailable(f"kafka did not answer in {timeout}s:\n{self.proc.log_tail()}")
+
+    def kill(self, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Crash the broker (tests): the pid file stays, ``start`` restarts it."""
+        pid = self.proc.pid()
+        if pid is None:
+            raise Unavailable("kafka is not running")
+        self.proc.send_signal(sig)
+        wait_for(lambda: self.proc.pid() is None, 30)
+
+    def stop(self) -> bool:
+        return self.proc.stop(signal.SIGTERM, timeout=60)

@@ -1,0 +1,51 @@
+"""One root error, with subclasses that tell the caller what to do."""
+
+from __future__ import annotations
+
+
+class EsAgentsError(Exception):
+    """Root of every error the framework raises on purpose."""
+
+
+class ConfigError(EsAgentsError):
+    """The settings or the environment are wrong; fix them (CLI exit code 2)."""
+
+
+class DecodeError(EsAgentsError):
+    """Bytes that are not a message of ours; they go to the DLQ with this reason."""
+
+
+class FoldError(EsAgentsError):
+    """An event that cannot follow the run's log: wrong run, gap, or bad transition."""
+
+
+class ConflictError(EsAgentsError):
+    """Someone else changed the run first; reload, never blind-retry."""
+
+
+class FencedError(ConflictError):
+    """This writer lost ownership of the run's partition; stop writing."""
+
+
+class Unavailable(EsAgentsError):
+    """A service did not answer in time; back off and try again."""
+
+
+class AppendError(EsAgentsError):
+    """The broker did not acknowledge an append; nothing after it may act on it."""
+
+
+class VersionRefused(EsAgentsError):
+    """The version gate refused to resume a run under the running code."""
+
+
+class TerminalToolError(EsAgentsError):
+    """A tool failed in a way that retrying cannot fix."""
+
+
+class RetryableToolError(EsAgentsError):
+    """A tool failed in a way that may pass later."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after

@@ -1,0 +1,125 @@
+"""Settings from ``ES_AGENTS_*`` environment variables (or flags), validated at start."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from es_agents.errors import ConfigError
+
+_PREFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+class KafkaSettings(BaseSettings):
+    """Where the log lives and how to talk to it; the one place that knows librdkafka's keys."""
+
+    model_config = SettingsConfigDict(env_prefix="ES_AGENTS_", extra="ignore")
+
+    bootstrap_servers: str = "127.0.0.1:19092"
+    topic_prefix: str = "es"
+    partitions: int = Field(default=6, ge=1, le=10_000)
+    replication_factor: int = Field(default=1, ge=1)
+    linger_ms: float = Field(default=0.0, ge=0, description="0 = send each append at once")
+    delivery_timeout_ms: int = Field(default=30_000, ge=1_000)
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: str | None = None
+    ssl_certificate_location: str | None = None
+    ssl_key_location: str | None = None
+    schema_registry_url: str | None = None
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _valid_prefix(cls, value: str) -> str:
+        if not value or not set(value) <= _PREFIX_CHARS or len(value) > 200:
+            raise ValueError("topic prefix must be 1-200 chars of [a-zA-Z0-9._-]")
+        return value
+
+    @property
+    def commands_topic(self) -> str:
+        return f"{self.topic_prefix}.commands"
+
+    @property
+    def events_topic(self) -> str:
+        return f"{self.topic_prefix}.events"
+
+    @property
+    def dlq_topic(self) -> str:
+        return f"{self.topic_prefix}.dlq"
+
+    def to_librdkafka(self) -> dict[str, str | int | float]:
+        """Connection and security settings shared by producers, consumers and admin."""
+        conf: dict[str, str | int | float] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism is not None:
+            conf["sasl.mechanism"] = self.sasl_mechanism
+        if self.sasl_username is not None:
+            conf["sasl.username"] = self.sasl_username
+        if self.sasl_password is not None:
+            conf["sasl.password"] = self.sasl_password.get_secret_value()
+        for key, value in (
+            ("ssl.ca.location", self.ssl_ca_location),
+            ("ssl.certificate.location", self.ssl_certificate_location),
+            ("ssl.key.location", self.ssl_key_location),
+        ):
+            if value is not None:
+                conf[key] = value
+        return conf
+
+    def producer_config(self) -> dict[str, str | int | float]:
+        return {
+            **self.to_librdkafka(),
+            # Idempotence implies acks=all, retries, and at most 5 in flight with order
+            # kept: a later record of a partition is never durable without the earlier.
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": self.linger_ms,
+            "message.timeout.ms": self.delivery_timeout_ms,
+            # Java-compatible key hashing, so commands and events of a run share a
+            # partition number and Java/Kafka-Streams readers agree.
+            "partitioner": "murmur2_random",
+            "compression.type": "none",
+        }
+
+    def consumer_config(self, group_id: str) -> dict[str, str | int | float | bool]:
+        return {
+            **self.to_librdkafka(),
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            # Offsets are stored by the source once a message was handed out or
+            # dead-lettered, and committed only when the caller says so.
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+            "partition.assignment.strategy": "cooperative-sticky",
+        }
+
+
+class Settings(BaseSettings):
+    """Everything a worker, projector or CLI command needs."""
+
+    model_config = SettingsConfigDict(env_prefix="ES_AGENTS_", extra="ignore")
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    database_url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:55432/es_agents")
+    s3_endpoint: str = "http://127.0.0.1:19000"
+    s3_bucket: str = "es-payloads"
+    s3_access_key: str = "es-agents"
+    s3_secret_key: SecretStr = SecretStr("es-agents-secret")
+    snapshot_every: int = Field(default=100, ge=1, description="K: snapshot every K events")
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Settings from the environment, with flags on top; bad values are a ConfigError."""
+    try:
+        kafka_fields = {k: v for k, v in overrides.items() if k in KafkaSettings.model_fields}
+        rest = {k: v for k, v in overrides.items() if k not in kafka_fields}
+        return Settings(kafka=KafkaSettings(**kafka_fields), **rest)  # type: ignore[arg-type]
+    except ValidationError as e:
+        raise ConfigError(f"invalid settings: {e}") from e
