@@ -1,33 +1,41 @@
-"""es-agents: durable LLM-agent runs, event-sourced on Kafka, read side in Postgres."""
+"""es-agents: durable LLM-agent runs, event-sourced on Kafka, read side in Postgres.
 
-from es_agents.codec import AvroCodec, SchemaCatalog
-from es_agents.core import (
-    COMMAND_TYPES,
-    EVENT_TYPES,
-    Command,
-    Event,
-    RunState,
-    fold,
-    replay,
-)
-from es_agents.errors import EsAgentsError
-from es_agents.settings import KafkaSettings, Settings, load_settings
+The names below load lazily, so ``import es_agents.core`` stays free of Kafka,
+Postgres, S3 and Avro code.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "COMMAND_TYPES",
-    "EVENT_TYPES",
-    "AvroCodec",
-    "Command",
-    "EsAgentsError",
-    "Event",
-    "KafkaSettings",
-    "RunState",
-    "SchemaCatalog",
-    "Settings",
-    "__version__",
-    "fold",
-    "load_settings",
-    "replay",
-]
+_LAZY = {
+    "AvroCodec": "es_agents.codec",
+    "SchemaCatalog": "es_agents.codec",
+    "Command": "es_agents.core",
+    "Event": "es_agents.core",
+    "RunState": "es_agents.core",
+    "fold": "es_agents.core",
+    "replay": "es_agents.core",
+    "EsAgentsError": "es_agents.errors",
+    "KafkaSettings": "es_agents.settings",
+    "Settings": "es_agents.settings",
+    "load_settings": "es_agents.settings",
+}
+
+__all__ = [*sorted(_LAZY), "__version__"]
+
+if TYPE_CHECKING:
+    from es_agents.codec import AvroCodec, SchemaCatalog
+    from es_agents.core import Command, Event, RunState, fold, replay
+    from es_agents.errors import EsAgentsError
+    from es_agents.settings import KafkaSettings, Settings, load_settings
+
+
+def __getattr__(name: str) -> object:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'es_agents' has no attribute {name!r}")
+    return getattr(import_module(module), name)

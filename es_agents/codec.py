@@ -29,7 +29,7 @@ from pydantic import ValidationError
 
 from es_agents.core.commands import COMMAND_TYPES, Command
 from es_agents.core.events import EVENT_TYPES, Event
-from es_agents.errors import ConfigError, DecodeError
+from es_agents.errors import ConfigError, DecodeError, EncodeError
 
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 CONFLUENT_MAGIC = b"\x00"
@@ -150,14 +150,19 @@ class AvroCodec:
     """Encode and decode every event and command; writer schema on the wire."""
 
     def __init__(
-        self, catalog: SchemaCatalog | None = None, registry: SchemaRegistry | None = None
+        self,
+        catalog: SchemaCatalog | None = None,
+        registry: SchemaRegistry | None = None,
+        *,
+        check_complete: bool = True,
     ) -> None:
         self.catalog = catalog if catalog is not None else SchemaCatalog.load()
         self._registry = registry
         self._ids: dict[bytes, int] = {}
         self._by_id: dict[int, SchemaInfo] = {}
-        for wire_name in (*EVENT_TYPES, *COMMAND_TYPES):
-            self.catalog.latest(wire_name)  # fail at start-up, not at the first send
+        if check_complete:  # fail at start-up, not at the first send
+            for wire_name in (*EVENT_TYPES, *COMMAND_TYPES):
+                self.catalog.latest(wire_name)
 
     # -- encoding --------------------------------------------------------------
     def encode(self, message: Message) -> bytes:
@@ -177,7 +182,7 @@ class AvroCodec:
         try:
             fastavro.schemaless_writer(buf, info.parsed, record)
         except (ValueError, TypeError, KeyError, AttributeError) as e:
-            raise DecodeError(f"cannot encode {info.ref}: {e}") from e
+            raise EncodeError(f"cannot encode {info.ref}: {e}") from e
         return buf.getvalue()
 
     def _header(self, info: SchemaInfo) -> bytes:

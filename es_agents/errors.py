@@ -15,6 +15,10 @@ class DecodeError(EsAgentsError):
     """Bytes that are not a message of ours; they go to the DLQ with this reason."""
 
 
+class EncodeError(EsAgentsError):
+    """A message that does not fit its schema: a bug in the code that made it."""
+
+
 class FoldError(EsAgentsError):
     """An event that cannot follow the run's log: wrong run, gap, or bad transition."""
 

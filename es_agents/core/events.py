@@ -31,8 +31,8 @@ class Event(BaseModel):
     wire_name: ClassVar[str]
 
     run_id: str
-    seq: int = Field(ge=0)
-    step: int = Field(ge=0)
+    seq: int = Field(ge=0, le=2**63 - 1)  # Avro long
+    step: int = Field(ge=0, le=2**31 - 1)  # Avro int
     event_id: str = Field(default_factory=new_id)
     at: datetime = Field(default_factory=utc_now)
 

@@ -1,0 +1,54 @@
+"""Shared fixtures. Integration tests run against the real stack that `dev up` starts.
+
+Every test session gets its own topic prefix and database, so reruns never collide.
+A missing service fails the session; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from es_agents.settings import KafkaSettings
+
+SESSION = uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="session")
+def dev_stack() -> Iterator[object]:
+    from es_agents.dev import DevStack  # noqa: PLC0415
+
+    stack = DevStack()
+    stack.up(log=lambda _line: None)
+    yield stack
+
+
+@pytest.fixture(scope="session")
+def database_url(dev_stack: object) -> Iterator[str]:
+    from es_agents.dev import DevStack  # noqa: PLC0415
+
+    assert isinstance(dev_stack, DevStack)
+    name = f"es_test_{SESSION}"
+    dev_stack.postgres.create_database(name)
+    yield dev_stack.dev.database_url.rsplit("/", 1)[0] + f"/{name}"
+    dev_stack.postgres.drop_database(name)
+
+
+@pytest.fixture
+def kafka_settings(dev_stack: object, request: pytest.FixtureRequest) -> KafkaSettings:
+    """Settings with a topic prefix unique to this test (and this session)."""
+    from es_agents.adapters.kafka import ensure_topics  # noqa: PLC0415
+    from es_agents.dev import DevStack  # noqa: PLC0415
+
+    assert isinstance(dev_stack, DevStack)
+    name = request.node.name.replace("[", "-").replace("]", "")[:60]
+    settings = KafkaSettings(
+        bootstrap_servers=dev_stack.dev.kafka_bootstrap,
+        topic_prefix=f"t{SESSION}.{name}",
+        partitions=int(os.environ.get("ES_AGENTS_TEST_PARTITIONS", "3")),
+    )
+    ensure_topics(settings)
+    return settings
