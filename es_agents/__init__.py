@@ -25,7 +25,20 @@ _LAZY = {
     "load_settings": "es_agents.settings",
 }
 
-__all__ = [*sorted(_LAZY), "__version__"]
+__all__ = [
+    "AvroCodec",
+    "Command",
+    "EsAgentsError",
+    "Event",
+    "KafkaSettings",
+    "RunState",
+    "SchemaCatalog",
+    "Settings",
+    "__version__",
+    "fold",
+    "load_settings",
+    "replay",
+]
 
 if TYPE_CHECKING:
     from es_agents.codec import AvroCodec, SchemaCatalog

@@ -19,10 +19,14 @@ def _echo_json(value: object) -> None:
 
 
 def _table(rows: list[dict[str, object]], columns: list[str]) -> None:
-    widths = {c: max([len(c), *(len(str(r.get(c, ""))) for r in rows)]) for c in columns}
+    widths = {
+        c: max([len(c), *(len(str(r.get(c, ""))) for r in rows)]) for c in columns
+    }
     click.echo("  ".join(c.upper().ljust(widths[c]) for c in columns).rstrip())
     for row in rows:
-        click.echo("  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns).rstrip())
+        click.echo(
+            "  ".join(str(row.get(c, "")).ljust(widths[c]) for c in columns).rstrip()
+        )
 
 
 @click.group()
@@ -45,7 +49,9 @@ def dev_up() -> None:
     seconds = stack.up(log=click.echo)
     for status in stack.status():
         click.echo(f"  {status.name:<9} {status.endpoint}")
-    click.echo(f"dev stack up in {seconds:.2f}s (Kafka {KAFKA_VERSION}, home {stack.dev.root})")
+    click.echo(
+        f"dev stack up in {seconds:.2f}s (Kafka {KAFKA_VERSION}, home {stack.dev.root})"
+    )
 
 
 @dev.command("down")
@@ -64,14 +70,24 @@ def dev_status(as_json: bool) -> None:
 
     statuses = DevStack().status()
     rows: list[dict[str, object]] = [
-        {"service": s.name, "endpoint": s.endpoint, "pid": s.pid or "-",
-         "answers": "yes" if s.answers else "no"}
+        {
+            "service": s.name,
+            "endpoint": s.endpoint,
+            "pid": s.pid or "-",
+            "answers": "yes" if s.answers else "no",
+        }
         for s in statuses
     ]
     if as_json:
         for s in statuses:
-            _echo_json({"service": s.name, "endpoint": s.endpoint, "pid": s.pid,
-                        "answers": s.answers})
+            _echo_json(
+                {
+                    "service": s.name,
+                    "endpoint": s.endpoint,
+                    "pid": s.pid,
+                    "answers": s.answers,
+                }
+            )
     else:
         _table(rows, ["service", "endpoint", "pid", "answers"])
     if not all(s.answers for s in statuses):
@@ -79,7 +95,9 @@ def dev_status(as_json: bool) -> None:
 
 
 @cli.command()
-@click.option("--partitions", type=int, default=None, help="Override ES_AGENTS_PARTITIONS.")
+@click.option(
+    "--partitions", type=int, default=None, help="Override ES_AGENTS_PARTITIONS."
+)
 def topics(partitions: int | None) -> None:
     """Create the commands, events and DLQ topics (idempotent)."""
     from es_agents.adapters.kafka import ensure_topics  # noqa: PLC0415
@@ -88,8 +106,10 @@ def topics(partitions: int | None) -> None:
     overrides = {} if partitions is None else {"partitions": partitions}
     settings = load_settings(**overrides).kafka
     ensure_topics(settings)
-    click.echo(f"{settings.commands_topic}, {settings.events_topic}, {settings.dlq_topic}: "
-               f"{settings.partitions} partitions")
+    click.echo(
+        f"{settings.commands_topic}, {settings.events_topic}, {settings.dlq_topic}: "
+        f"{settings.partitions} partitions"
+    )
 
 
 @cli.command()
@@ -112,8 +132,10 @@ def replay(run_id: str, as_json: bool) -> None:
         if as_json:
             _echo_json({"type": event.wire_name, **event.model_dump(mode="json")})
         else:
-            click.echo(f"{event.seq:>5} step {event.step:>4}  {event.wire_name:<22} "
-                       f"{event.at:%H:%M:%S.%f}"[:-3])
+            click.echo(
+                f"{event.seq:>5} step {event.step:>4}  {event.wire_name:<22} "
+                f"{event.at:%H:%M:%S.%f}"[:-3]
+            )
     state = fold_all(events)
     if not as_json:
         click.echo(f"status={state.status} step={state.step} events={state.seq + 1}")
@@ -147,4 +169,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

@@ -18,10 +18,10 @@ import io
 import json
 import re
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import fastavro
 from fastavro.schema import fingerprint, to_parsing_canonical_form
@@ -49,7 +49,7 @@ class SchemaInfo:
     wire_name: str
     version: int
     text: str = field(repr=False)
-    parsed: object = field(repr=False, compare=False)
+    parsed: dict[str, Any] = field(repr=False, compare=False)  # fastavro's form
     fingerprint: bytes = field(repr=False)
 
     @property
@@ -59,15 +59,21 @@ class SchemaInfo:
     @property
     def full_name(self) -> str:
         """The record's namespaced name, e.g. ``es_agents.events.RunStarted``."""
-        return str(self.parsed["name"])  # type: ignore[index]
+        return str(self.parsed["name"])
 
     @classmethod
-    def from_text(cls, kind: Kind, wire_name: str, version: int, text: str) -> SchemaInfo:
+    def from_text(
+        cls, kind: Kind, wire_name: str, version: int, text: str
+    ) -> SchemaInfo:
         try:
             raw = json.loads(text)
             parsed = fastavro.parse_schema(raw)
         except (ValueError, fastavro.schema.SchemaParseException) as e:
-            raise ConfigError(f"schema {wire_name}.v{version} is not valid Avro: {e}") from e
+            raise ConfigError(
+                f"schema {wire_name}.v{version} is not valid Avro: {e}"
+            ) from e
+        if not isinstance(parsed, dict) or parsed.get("type") != "record":
+            raise ConfigError(f"schema {wire_name}.v{version} is not an Avro record")
         canonical = to_parsing_canonical_form(parsed)
         fp = bytes.fromhex(fingerprint(canonical, "CRC-64-AVRO"))
         return cls(kind, wire_name, version, text, parsed, fp)
@@ -76,7 +82,7 @@ class SchemaInfo:
 class SchemaCatalog:
     """Every schema version, by fingerprint and by wire name."""
 
-    def __init__(self, schemas: Iterator[SchemaInfo] | list[SchemaInfo] = ()) -> None:
+    def __init__(self, schemas: Iterable[SchemaInfo] = ()) -> None:
         self._by_fingerprint: dict[bytes, SchemaInfo] = {}
         self._by_name: dict[str, list[SchemaInfo]] = {}
         for info in schemas:
@@ -87,14 +93,15 @@ class SchemaCatalog:
         if not directory.is_dir():
             raise ConfigError(f"schema directory {directory} does not exist")
         catalog = cls()
-        for kind in ("events", "commands"):
+        kinds: tuple[Kind, ...] = ("events", "commands")
+        for kind in kinds:
             for path in sorted((directory / kind).glob("*.avsc")):
                 match = _FILE_NAME.match(path.name)
                 if match is None:
                     raise ConfigError(f"{path}: expected <wire_name>.v<N>.avsc")
                 catalog.add(
                     SchemaInfo.from_text(
-                        kind,  # type: ignore[arg-type]
+                        kind,
                         match["wire"],
                         int(match["version"]),
                         path.read_text(),
@@ -172,7 +179,9 @@ class AvroCodec:
         info = self.catalog.latest(wire_name)
         return self._encode_with(info, record)
 
-    def encode_with_schema(self, info: SchemaInfo, record: Mapping[str, object]) -> bytes:
+    def encode_with_schema(
+        self, info: SchemaInfo, record: Mapping[str, object]
+    ) -> bytes:
         """Encode under a given (possibly older) schema version."""
         return self._encode_with(info, record)
 
@@ -207,14 +216,18 @@ class AvroCodec:
         if data[:1] == CONFLUENT_MAGIC and len(data) >= 5:
             (schema_id,) = struct.unpack(">I", data[1:5])
             return self._by_schema_id(schema_id), 5
-        raise DecodeError(f"not an es-agents message: header {data[:10].hex() or 'empty'}")
+        raise DecodeError(
+            f"not an es-agents message: header {data[:10].hex() or 'empty'}"
+        )
 
     def _by_schema_id(self, schema_id: int) -> SchemaInfo:
         info = self._by_id.get(schema_id)
         if info is not None:
             return info
         if self._registry is None:
-            raise DecodeError(f"Confluent-framed message (id {schema_id}) but no registry")
+            raise DecodeError(
+                f"Confluent-framed message (id {schema_id}) but no registry"
+            )
         text = self._registry.schema_text(schema_id)
         probe = SchemaInfo.from_text("events", "probe", 1, text)
         info = self.catalog.by_fingerprint(probe.fingerprint)
@@ -235,8 +248,16 @@ class AvroCodec:
                 writer.parsed,
                 reader.parsed if reader is not writer else None,
             )
-        except (EOFError, ValueError, TypeError, KeyError, IndexError, OverflowError,
-                UnicodeDecodeError, fastavro.read.SchemaResolutionError) as e:
+        except (
+            EOFError,
+            ValueError,
+            TypeError,
+            KeyError,
+            IndexError,
+            OverflowError,
+            UnicodeDecodeError,
+            fastavro.read.SchemaResolutionError,
+        ) as e:
             raise DecodeError(f"{writer.ref}: body does not decode: {e!r}") from e
         if buf.tell() != len(data):
             raise DecodeError(f"{writer.ref}: {len(data) - buf.tell()} trailing bytes")
@@ -251,7 +272,9 @@ class AvroCodec:
         )
         cls = types.get(writer.wire_name)
         if cls is None:
-            raise DecodeError(f"{writer.ref}: no {writer.kind[:-1]} type for this schema")
+            raise DecodeError(
+                f"{writer.ref}: no {writer.kind[:-1]} type for this schema"
+            )
         try:
             return Decoded(cls.model_validate(record), writer)
         except ValidationError as e:
@@ -297,4 +320,6 @@ class ConfluentSchemaRegistry:
         try:
             return str(self._client.get_schema(schema_id).schema_str)
         except SchemaRegistryError as e:
-            raise DecodeError(f"schema id {schema_id} is not in the registry: {e}") from e
+            raise DecodeError(
+                f"schema id {schema_id} is not in the registry: {e}"
+            ) from e

@@ -1,4 +1,4 @@
-"""Settings from ``ES_AGENTS_*`` environment variables (or flags), validated at start."""
+"""Settings from ``ES_AGENTS_*`` environment variables or flags, validated early."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from es_agents.errors import ConfigError
 
-_PREFIX_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+_PREFIX_CHARS = frozenset(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
+)
 
 
 class KafkaSettings(BaseSettings):
-    """Where the log lives and how to talk to it; the one place that knows librdkafka's keys."""
+    """Where the log lives and how to reach it; the one place with librdkafka's keys."""
 
     model_config = SettingsConfigDict(env_prefix="ES_AGENTS_", extra="ignore")
 
@@ -21,10 +23,16 @@ class KafkaSettings(BaseSettings):
     topic_prefix: str = "es"
     partitions: int = Field(default=6, ge=1, le=10_000)
     replication_factor: int = Field(default=1, ge=1)
-    linger_ms: float = Field(default=0.0, ge=0, description="0 = send each append at once")
+    linger_ms: float = Field(
+        default=0.0, ge=0, description="0 = send each append at once"
+    )
     delivery_timeout_ms: int = Field(default=30_000, ge=1_000)
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = "PLAINTEXT"
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None = None
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = (
+        "PLAINTEXT"
+    )
+    sasl_mechanism: (
+        Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None
+    ) = None
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
     ssl_ca_location: str | None = None
@@ -56,6 +64,10 @@ class KafkaSettings(BaseSettings):
         conf: dict[str, str | int | float] = {
             "bootstrap.servers": self.bootstrap_servers,
             "security.protocol": self.security_protocol,
+            # Reconnect within a second of a broker restart (default backs off to 10s).
+            "reconnect.backoff.max.ms": 1000,
+            # One small record per step: send it now rather than wait for more bytes.
+            "socket.nagle.disable": True,
         }
         if self.sasl_mechanism is not None:
             conf["sasl.mechanism"] = self.sasl_mechanism
@@ -107,18 +119,24 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ES_AGENTS_", extra="ignore")
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
-    database_url: SecretStr = SecretStr("postgresql://postgres@127.0.0.1:55432/es_agents")
+    database_url: SecretStr = SecretStr(
+        "postgresql://postgres@127.0.0.1:55432/es_agents"
+    )
     s3_endpoint: str = "http://127.0.0.1:19000"
     s3_bucket: str = "es-payloads"
     s3_access_key: str = "es-agents"
     s3_secret_key: SecretStr = SecretStr("es-agents-secret")
-    snapshot_every: int = Field(default=100, ge=1, description="K: snapshot every K events")
+    snapshot_every: int = Field(
+        default=100, ge=1, description="K: snapshot every K events"
+    )
 
 
 def load_settings(**overrides: object) -> Settings:
-    """Settings from the environment, with flags on top; bad values are a ConfigError."""
+    """Settings from the environment, flags on top; bad values are a ConfigError."""
     try:
-        kafka_fields = {k: v for k, v in overrides.items() if k in KafkaSettings.model_fields}
+        kafka_fields = {
+            k: v for k, v in overrides.items() if k in KafkaSettings.model_fields
+        }
         rest = {k: v for k, v in overrides.items() if k not in kafka_fields}
         return Settings(kafka=KafkaSettings(**kafka_fields), **rest)  # type: ignore[arg-type]
     except ValidationError as e:

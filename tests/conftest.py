@@ -18,12 +18,12 @@ SESSION = uuid.uuid4().hex[:8]
 
 
 @pytest.fixture(scope="session")
-def dev_stack() -> Iterator[object]:
+def dev_stack() -> object:
     from es_agents.dev import DevStack  # noqa: PLC0415
 
     stack = DevStack()
     stack.up(log=lambda _line: None)
-    yield stack
+    return stack
 
 
 @pytest.fixture(scope="session")

@@ -11,11 +11,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Generic, TypeVar, final
+from typing import Any, Generic, TypeVar, final
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -26,7 +26,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from es_agents.codec import AvroCodec
 from es_agents.core.commands import Command
@@ -41,26 +41,43 @@ log = logging.getLogger(__name__)
 T = TypeVar("T", Event, Command)
 
 
+_client_log = logging.getLogger("es_agents.librdkafka")
+
+
 def _error_cb(err: KafkaError) -> None:
-    # librdkafka retries transient errors itself; fatal ones surface in delivery reports.
-    log.warning("kafka client error: %s", err)
+    # librdkafka retries transient errors itself; fatal ones also fail deliveries.
+    if err.fatal():
+        log.error("kafka client fatal error: %s", err)
+    else:
+        log.debug("kafka client error (retried by librdkafka): %s", err)
+
+
+def _client(conf: Mapping[str, object]) -> dict[str, Any]:
+    """librdkafka settings plus our callbacks: errors and logs go to Python logging."""
+    return {**conf, "error_cb": _error_cb, "logger": _client_log}
 
 
 def ensure_topics(settings: KafkaSettings, timeout: float = 30.0) -> None:
     """Create commands, events and DLQ topics; check partition counts agree."""
-    admin = AdminClient({**settings.to_librdkafka(), "error_cb": _error_cb})
+    admin = AdminClient(_client(settings.to_librdkafka()))
     topics = [settings.commands_topic, settings.events_topic, settings.dlq_topic]
     try:
         existing = admin.list_topics(timeout=timeout).topics
     except KafkaException as e:
         raise Unavailable(f"kafka at {settings.bootstrap_servers}: {e}") from e
     missing = [
-        NewTopic(t, num_partitions=settings.partitions,
-                 replication_factor=settings.replication_factor)
-        for t in topics if t not in existing
+        NewTopic(
+            t,
+            num_partitions=settings.partitions,
+            replication_factor=settings.replication_factor,
+        )
+        for t in topics
+        if t not in existing
     ]
     if missing:
-        for topic, future in admin.create_topics(missing, request_timeout=timeout).items():
+        for topic, future in admin.create_topics(
+            missing, request_timeout=timeout
+        ).items():
             try:
                 future.result(timeout)
             except KafkaException as e:
@@ -77,15 +94,25 @@ def ensure_topics(settings: KafkaSettings, timeout: float = 30.0) -> None:
         )
 
 
+def where(msg: Message) -> tuple[str, int, int]:
+    """(topic, partition, offset) of a message the broker returned or acknowledged."""
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    if topic is None or partition is None or offset is None:
+        raise Unavailable(f"message without a position: {msg.error()}")
+    return topic, partition, offset
+
+
 @final
 class KafkaProducerLink:
     """One idempotent producer per process, with futures for acknowledgements."""
 
     def __init__(self, settings: KafkaSettings) -> None:
         self.settings = settings
-        self._producer = Producer({**settings.producer_config(), "error_cb": _error_cb})
+        self._producer = Producer(_client(settings.producer_config()))
         self._closed = threading.Event()
-        self._poller = threading.Thread(target=self._poll, name="es-kafka-acks", daemon=True)
+        self._poller = threading.Thread(
+            target=self._poll, name="es-kafka-acks", daemon=True
+        )
         self._poller.start()
 
     def _poll(self) -> None:
@@ -97,7 +124,7 @@ class KafkaProducerLink:
         topic: str,
         key: str,
         value: bytes,
-        headers: list[tuple[str, bytes]] | None = None,
+        headers: list[tuple[str, str | bytes | None]] | None = None,
     ) -> Future[Position]:
         future: Future[Position] = Future()
 
@@ -107,19 +134,20 @@ class KafkaProducerLink:
                     AppendError(f"{topic} key {key}: not acknowledged: {err}")
                 )
             else:
-                future.set_result(Position(msg.topic(), msg.partition(), msg.offset()))
+                future.set_result(Position(*where(msg)))
 
         while True:
             try:
                 self._producer.produce(
                     topic, value=value, key=key, headers=headers, on_delivery=delivered
                 )
-                return future
             except BufferError:
                 # The local queue is full: wait for acknowledgements to drain it.
                 self._producer.poll(0.01)
             except KafkaException as e:
                 raise AppendError(f"{topic} key {key}: cannot produce: {e}") from e
+            else:
+                return future
 
     def wait(self, futures: Sequence[Future[Position]]) -> list[Position]:
         timeout = self.settings.delivery_timeout_ms / 1000 + 5
@@ -151,7 +179,9 @@ class KafkaEventLog:
     # -- writing ---------------------------------------------------------------
     def append(self, events: Sequence[Event]) -> list[Position]:
         futures = [
-            self.link.produce(self.settings.events_topic, e.run_id, self.codec.encode(e))
+            self.link.produce(
+                self.settings.events_topic, e.run_id, self.codec.encode(e)
+            )
             for e in events
         ]
         return self.link.wait(futures)
@@ -171,7 +201,9 @@ class KafkaEventLog:
         partition = self.partition_for(run_id)
         key = run_id.encode()
         events: list[Event] = []
-        for msg in self.read_partition(self.settings.events_topic, partition, from_offset):
+        for msg in self.read_partition(
+            self.settings.events_topic, partition, from_offset
+        ):
             if msg.key() == key:
                 events.append(self._decode_at(msg))
         return events
@@ -179,7 +211,7 @@ class KafkaEventLog:
     def read_partition(
         self, topic: str, partition: int, start: int = 0, end: int | None = None
     ) -> Iterator[Message]:
-        """Messages of one partition from ``start`` up to ``end`` (default: its end now)."""
+        """Messages of one partition from ``start`` to ``end`` (default: its end)."""
         with self._reader_lock:
             reader = self._reader_consumer()
             tp = TopicPartition(topic, partition)
@@ -192,34 +224,47 @@ class KafkaEventLog:
             if first >= stop:
                 return
             reader.assign([TopicPartition(topic, partition, first or OFFSET_BEGINNING)])
+            next_offset = first
+            deadline = time.monotonic() + 30
             try:
-                while True:
-                    batch = reader.consume(num_messages=2000, timeout=5.0)
+                while next_offset < stop:
+                    # consume() waits for a full batch or the timeout: ask for exactly
+                    # what remains so a read returns as soon as it reached the end.
+                    batch = reader.consume(
+                        num_messages=min(2000, stop - next_offset), timeout=0.2
+                    )
                     if not batch:
                         position = reader.position([tp])[0].offset
-                        if position >= stop:
+                        if position >= stop:  # only control records were left
                             return
-                        raise Unavailable(f"{topic}[{partition}]: stalled at {position}")
+                        if time.monotonic() > deadline:
+                            raise Unavailable(
+                                f"{topic}[{partition}]: stalled at {position} < {stop}"
+                            )
+                        continue
                     for msg in batch:
                         if msg.error() is not None:
                             raise Unavailable(f"{topic}[{partition}]: {msg.error()}")
-                        if msg.offset() >= stop:
+                        offset = where(msg)[2]
+                        if offset >= stop:
                             return
+                        next_offset = offset + 1
                         yield msg
-                        if msg.offset() + 1 >= stop:
-                            return
             finally:
                 reader.unassign()
 
     def _reader_consumer(self) -> Consumer:
         if self._reader is None:
             conf = self.settings.consumer_config(f"{self.settings.topic_prefix}.reader")
-            self._reader = Consumer({**conf, "error_cb": _error_cb})
+            # Reads stop at an end offset known in advance, so never let the broker park
+            # a fetch at the end of a partition (default 500 ms) before the next read.
+            conf["fetch.wait.max.ms"] = 5
+            self._reader = Consumer(_client(conf))
         return self._reader
 
     def _decode_at(self, msg: Message) -> Event:
         try:
-            return self.codec.decode_event(msg.value())
+            return self.codec.decode_event(msg.value() or b"")
         except DecodeError as e:
             raise DecodeError(
                 f"{msg.topic()}[{msg.partition()}]@{msg.offset()}: {e}"
@@ -253,23 +298,29 @@ class DeadLetterQueue:
 
     def send(self, msg: Message, reason: str) -> Position:
         key = msg.key()
-        headers = [
+        topic, partition, offset = where(msg)
+        headers: list[tuple[str, str | bytes | None]] = [
             ("es.dlq.reason", reason.encode()),
-            ("es.dlq.topic", msg.topic().encode()),
-            ("es.dlq.partition", str(msg.partition()).encode()),
-            ("es.dlq.offset", str(msg.offset()).encode()),
+            ("es.dlq.topic", topic.encode()),
+            ("es.dlq.partition", str(partition).encode()),
+            ("es.dlq.offset", str(offset).encode()),
             ("es.dlq.at", datetime.now(UTC).isoformat().encode()),
         ]
         future = self._link.produce(
             self.topic,
-            key.decode(errors="replace") if key is not None else "",
+            key.decode(errors="replace") if isinstance(key, bytes) else key or "",
             msg.value() or b"",
             headers,
         )
         position = self._link.wait([future])[0]
         log.warning(
-            "dead-lettered %s[%d]@%d to %s@%d: %s", msg.topic(), msg.partition(),
-            msg.offset(), self.topic, position.offset, reason,
+            "dead-lettered %s[%d]@%d to %s@%d: %s",
+            msg.topic(),
+            msg.partition(),
+            msg.offset(),
+            self.topic,
+            position.offset,
+            reason,
         )
         return position
 
@@ -290,19 +341,21 @@ class KafkaSource(Generic[T]):
         group_id: str,
         decode: Callable[[bytes], T],
         dlq: DeadLetterQueue,
+        *,
         on_assign: Callable[[list[int]], None] | None = None,
         on_revoke: Callable[[list[int]], None] | None = None,
     ) -> None:
         self.topic = topic
-        self._decode = decode
+        self._decode: Callable[[bytes], T] = decode
         self._dlq = dlq
-        self._consumer = Consumer(
-            {**settings.consumer_config(group_id), "error_cb": _error_cb}
-        )
+        self._consumer = Consumer(_client(settings.consumer_config(group_id)))
         self._on_assign = on_assign
         self._on_revoke = on_revoke
         self._consumer.subscribe(
-            [topic], on_assign=self._assigned, on_revoke=self._revoked, on_lost=self._revoked
+            [topic],
+            on_assign=self._assigned,
+            on_revoke=self._revoked,
+            on_lost=self._revoked,
         )
         self.dead_lettered = 0
 
@@ -330,13 +383,14 @@ class KafkaSource(Generic[T]):
                 self.dead_lettered += 1
                 self._mark(msg)
                 continue
-            out.append(Received(message, msg.topic(), msg.partition(), msg.offset()))
+            out.append(Received(message, *where(msg)))
             self._mark(msg)
         return out
 
     def _mark(self, msg: Message) -> None:
+        topic, partition, offset = where(msg)
         self._consumer.store_offsets(
-            offsets=[TopicPartition(msg.topic(), msg.partition(), msg.offset() + 1)]
+            offsets=[TopicPartition(topic, partition, offset + 1)]
         )
 
     def commit(self) -> None:
@@ -349,16 +403,3 @@ class KafkaSource(Generic[T]):
 
     def close(self) -> None:
         self._consumer.close()
-
-
-def wait_until_ready(settings: KafkaSettings, timeout: float = 60.0) -> None:
-    """Block until the broker answers metadata requests."""
-    admin = AdminClient(settings.to_librdkafka())
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            admin.list_topics(timeout=1.0)
-            return
-        except KafkaException as e:
-            if time.monotonic() > deadline:
-                raise Unavailable(f"kafka at {settings.bootstrap_servers}: {e}") from e

@@ -41,7 +41,8 @@ from es_agents.errors import FoldError
 def fold(state: RunState, event: Event) -> RunState:
     if event.run_id != state.run_id:
         raise FoldError(
-            f"event {event.event_id} of run {event.run_id} folded into run {state.run_id}"
+            f"event {event.event_id} of run {event.run_id} "
+            f"folded into run {state.run_id}"
         )
     if event.seq != state.seq + 1:
         raise FoldError(

@@ -13,7 +13,13 @@ from es_agents.dev.kafka import DevKafka
 from es_agents.dev.postgres import DevPostgres
 from es_agents.dev.s3 import DevS3
 
-__all__ = ["KAFKA_VERSION", "S3PROXY_VERSION", "DevSettings", "DevStack", "ServiceStatus"]
+__all__ = [
+    "KAFKA_VERSION",
+    "S3PROXY_VERSION",
+    "DevSettings",
+    "DevStack",
+    "ServiceStatus",
+]
 
 
 class Service(Protocol):

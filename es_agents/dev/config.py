@@ -23,7 +23,7 @@ class DevSettings(BaseSettings):
     postgres_fsync: bool = True
     s3_port: int = 19000
     s3_access_key: str = "es-agents"
-    s3_secret_key: str = "es-agents-secret"
+    s3_secret_key: str = "es-agents-secret"  # noqa: S105 - a local dev stack
     s3_bucket: str = "es-payloads"
 
     @property

@@ -6,10 +6,12 @@ import shutil
 import signal
 import socket
 from importlib import resources
+from pathlib import Path
 
 from es_agents.dev.config import KAFKA_VERSION, DevSettings
 from es_agents.dev.process import (
     ManagedProcess,
+    port_open,
     require_free_port,
     require_tool,
     run,
@@ -26,7 +28,9 @@ class DevKafka:
         self.dir = dev.root / "kafka"
         self.lib = self.dir / f"lib-{KAFKA_VERSION}"
         self.data = self.dir / "data"
-        self.proc = ManagedProcess("kafka", self.dir / "kafka.pid", self.dir / "broker.log")
+        self.proc = ManagedProcess(
+            "kafka", self.dir / "kafka.pid", self.dir / "broker.log"
+        )
 
     @property
     def endpoint(self) -> str:
@@ -41,14 +45,27 @@ class DevKafka:
         mvn = require_tool("mvn", ["maven"])
         self.dir.mkdir(parents=True, exist_ok=True)
         pom = self.dir / "pom.xml"
-        pom.write_text(resources.files("es_agents.dev").joinpath("assets/kafka-pom.xml")
-                       .read_text().replace("<kafka.version>4.4.0<",
-                                            f"<kafka.version>{KAFKA_VERSION}<"))
+        pom.write_text(
+            resources.files("es_agents.dev")
+            .joinpath("assets/kafka-pom.xml")
+            .read_text()
+            .replace("<kafka.version>4.4.0<", f"<kafka.version>{KAFKA_VERSION}<")
+        )
         tmp = self.lib.with_suffix(".partial")
         shutil.rmtree(tmp, ignore_errors=True)
-        run([mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
-             "-DincludeScope=runtime", f"-DoutputDirectory={tmp}"],
-            f"resolving Kafka {KAFKA_VERSION} jars with Maven")
+        run(
+            [
+                mvn,
+                "-q",
+                "-B",
+                "-f",
+                str(pom),
+                "dependency:copy-dependencies",
+                "-DincludeScope=runtime",
+                f"-DoutputDirectory={tmp}",
+            ],
+            f"resolving Kafka {KAFKA_VERSION} jars with Maven",
+        )
         tmp.rename(self.lib)
         done.write_text(KAFKA_VERSION + "\n")
 
@@ -59,11 +76,13 @@ class DevKafka:
             "node.id": "1",
             "controller.quorum.voters": f"1@{d.host}:{d.kafka_controller_port}",
             "listeners": f"PLAINTEXT://{d.host}:{d.kafka_port},"
-                         f"CONTROLLER://{d.host}:{d.kafka_controller_port}",
+            f"CONTROLLER://{d.host}:{d.kafka_controller_port}",
             "advertised.listeners": f"PLAINTEXT://{d.host}:{d.kafka_port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": (
+                "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+            ),
             "log.dirs": str(self.data),
             "num.partitions": "1",
             "auto.create.topics.enable": "false",
@@ -84,13 +103,24 @@ class DevKafka:
 
     def _java(self, main: str, *args: str) -> list[str]:
         log4j = self.dir / "log4j2.properties"
-        log4j.write_text(resources.files("es_agents.dev").joinpath("assets/log4j2.properties")
-                         .read_text())
+        log4j.write_text(
+            resources.files("es_agents.dev")
+            .joinpath("assets/log4j2.properties")
+            .read_text()
+        )
         return [
-            "java", f"-Xms{self.dev.kafka_heap}", f"-Xmx{self.dev.kafka_heap}",
-            "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={log4j}", f"-Dkafka.logs.dir={self.dir}",
-            "-cp", f"{self.lib}/*", main, *args,
+            "java",
+            f"-Xms{self.dev.kafka_heap}",
+            f"-Xmx{self.dev.kafka_heap}",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log4j}",
+            f"-Dkafka.logs.dir={self.dir}",
+            "-cp",
+            f"{self.lib}/*",
+            main,
+            *args,
         ]
 
     def start(self) -> bool:
@@ -102,18 +132,35 @@ class DevKafka:
         self.install()
         props = self._properties()
         if not (self.data / "meta.properties").exists():
-            cluster_id = run(self._java("kafka.tools.StorageTool", "random-uuid"),
-                             "kafka storage random-uuid").strip().splitlines()[-1]
-            run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
-                           "-c", str(props), "--ignore-formatted"),
-                "kafka storage format")
+            cluster_id = (
+                run(
+                    self._java("kafka.tools.StorageTool", "random-uuid"),
+                    "kafka storage random-uuid",
+                )
+                .strip()
+                .splitlines()[-1]
+            )
+            run(
+                self._java(
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "-t",
+                    cluster_id,
+                    "-c",
+                    str(props),
+                    "--ignore-formatted",
+                ),
+                "kafka storage format",
+            )
         self.proc.spawn(self._java("kafka.Kafka", str(props)))
         self.wait_ready()
         return True
 
     def answers(self) -> bool:
         try:
-            with socket.create_connection((self.dev.host, self.dev.kafka_port), timeout=0.5):
+            with socket.create_connection(
+                (self.dev.host, self.dev.kafka_port), timeout=0.5
+            ):
                 pass
         except OSError:
             return False
@@ -133,7 +180,9 @@ class DevKafka:
             return self.answers()
 
         if not wait_for(ready, timeout, interval=0.2):
-            raise Unavailable(f"kafka did not answer in {timeout}s:\n{self.proc.log_tail()}")
+            raise Unavailable(
+                f"kafka did not answer in {timeout}s:\n{self.proc.log_tail()}"
+            )
 
     def kill(self, sig: signal.Signals = signal.SIGKILL) -> None:
         """Crash the broker (tests): the pid file stays, ``start`` restarts it."""
@@ -141,7 +190,13 @@ class DevKafka:
         if pid is None:
             raise Unavailable("kafka is not running")
         self.proc.send_signal(sig)
-        wait_for(lambda: self.proc.pid() is None, 30)
+        # A JVM's main thread shows as a zombie while its other threads still hold
+        # the sockets: wait for the listener to go, too.
+        host, port = self.dev.host, self.dev.kafka_port
+        if not wait_for(
+            lambda: self.proc.pid() is None and not port_open(host, port), 30
+        ):
+            raise Unavailable(f"kafka (pid {pid}) did not die after {sig.name}")
 
     def stop(self) -> bool:
         return self.proc.stop(signal.SIGTERM, timeout=60)

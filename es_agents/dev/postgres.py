@@ -24,7 +24,9 @@ from es_agents.errors import ConfigError, Unavailable
 def _bin_dir() -> Path | None:
     candidates = sorted(
         Path("/usr/lib/postgresql").glob("*/bin/initdb"),
-        key=lambda p: int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0,
+        key=lambda p: (
+            int(p.parent.parent.name) if p.parent.parent.name.isdigit() else 0
+        ),
     )
     return candidates[-1].parent if candidates else None
 
@@ -65,13 +67,14 @@ class DevPostgres:
         self.dir.mkdir(parents=True, exist_ok=True)
         if self._as_root and not _reachable_by_postgres(self.dir):
             digest = hashlib.sha256(str(self.dir).encode()).hexdigest()[:12]
-            base = Path("/var/tmp") / f"es-agents-{digest}"
+            base = Path("/var/tmp") / f"es-agents-{digest}"  # noqa: S108
         pointer.write_text(str(base / "data") + "\n")
         return base / "data"
 
     def _process(self, data: Path) -> ManagedProcess:
-        return ManagedProcess("postgres", self.dir / "postgres.pid",
-                              data.parent / "postgres.log")
+        return ManagedProcess(
+            "postgres", self.dir / "postgres.pid", data.parent / "postgres.log"
+        )
 
     def install(self) -> Path:
         bindir = _bin_dir()
@@ -101,8 +104,21 @@ class DevPostgres:
             data.parent.mkdir(parents=True, exist_ok=True)
             if user is not None:
                 shutil.chown(data.parent, user, user)
-            run([str(bindir / "initdb"), "-D", str(data), "-U", "postgres",
-                 "--auth=trust", "-E", "UTF8", "--no-instructions"], "initdb", user=user)
+            run(
+                [
+                    str(bindir / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "-E",
+                    "UTF8",
+                    "--no-instructions",
+                ],
+                "initdb",
+                user=user,
+            )
         options = {
             "port": str(self.dev.postgres_port),
             "listen_addresses": self.dev.host,
@@ -130,12 +146,16 @@ class DevPostgres:
         return True
 
     def _url(self, database: str) -> str:
-        return f"postgresql://postgres@{self.dev.host}:{self.dev.postgres_port}/{database}"
+        return (
+            f"postgresql://postgres@{self.dev.host}:{self.dev.postgres_port}/{database}"
+        )
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         def ready() -> bool:
             if self.proc.pid() is None:
-                raise Unavailable(f"postgres exited during start:\n{self.proc.log_tail()}")
+                raise Unavailable(
+                    f"postgres exited during start:\n{self.proc.log_tail()}"
+                )
             return self.answers()
 
         if not wait_for(ready, timeout, interval=0.1):
@@ -146,8 +166,9 @@ class DevPostgres:
         from psycopg import sql  # noqa: PLC0415
 
         with psycopg.connect(self._url("postgres"), autocommit=True) as conn:
-            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
-                                  (name,)).fetchone()
+            exists = conn.execute(
+                "SELECT 1 FROM pg_database WHERE datname = %s", (name,)
+            ).fetchone()
             if exists is None:
                 conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
@@ -156,8 +177,11 @@ class DevPostgres:
         from psycopg import sql  # noqa: PLC0415
 
         with psycopg.connect(self._url("postgres"), autocommit=True) as conn:
-            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)")
-                         .format(sql.Identifier(name)))
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    sql.Identifier(name)
+                )
+            )
 
     def stop(self) -> bool:
         # SIGINT is Postgres's "fast" shutdown: roll back sessions, checkpoint, exit.
@@ -170,6 +194,7 @@ def _reachable_by_postgres(path: Path) -> bool:
     except KeyError:
         return False
     # access(2) needs search permission on every ancestor, so one test covers the path.
-    result = subprocess.run(["runuser", "-u", "postgres", "--", "test", "-x", str(path)],
-                            check=False)
+    result = subprocess.run(
+        ["runuser", "-u", "postgres", "--", "test", "-x", str(path)], check=False
+    )
     return result.returncode == 0

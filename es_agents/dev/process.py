@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from es_agents.errors import ConfigError, Unavailable
 
@@ -36,18 +37,26 @@ class ManagedProcess:
             return None
         return pid
 
-    def spawn(self, argv: Sequence[str], env: dict[str, str] | None = None,
-              user: str | None = None) -> int:
+    def spawn(
+        self,
+        argv: Sequence[str],
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+    ) -> int:
         self.logfile.parent.mkdir(parents=True, exist_ok=True)
         with self.logfile.open("ab") as out:
             proc = subprocess.Popen(
-                list(argv), stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-                env={**os.environ, **(env or {})}, **_as_user(user),
+                list(argv),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
+                **_as_user(user),
             )
         stat = _stat(proc.pid)
         self.pidfile.write_text(f"{proc.pid} {stat[1] if stat else '?'}\n")
-        return proc.pid
+        return int(proc.pid)
 
     def send_signal(self, sig: signal.Signals) -> bool:
         pid = self.pid()
@@ -71,17 +80,24 @@ class ManagedProcess:
 
     def log_tail(self, lines: int = 30) -> str:
         try:
-            return "\n".join(self.logfile.read_text(errors="replace").splitlines()[-lines:])
+            return "\n".join(
+                self.logfile.read_text(errors="replace").splitlines()[-lines:]
+            )
         except FileNotFoundError:
             return "(no log)"
 
 
-def require_free_port(host: str, port: int, service: str) -> None:
-    """Fail early when something else listens where a service should start."""
+def port_open(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):
-            pass
+            return True
     except OSError:
+        return False
+
+
+def require_free_port(host: str, port: int, service: str) -> None:
+    """Fail early when something else listens where a service should start."""
+    if not port_open(host, port):
         return
     raise ConfigError(
         f"{service}: {host}:{port} is in use by a process `dev up` did not start; "
@@ -99,7 +115,9 @@ def _stat(pid: int) -> tuple[str, str] | None:
     return fields[0], fields[19]
 
 
-def wait_for(condition: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+def wait_for(
+    condition: Callable[[], bool], timeout: float, interval: float = 0.05
+) -> bool:
     deadline = time.monotonic() + timeout
     while True:
         if condition():
@@ -110,7 +128,7 @@ def wait_for(condition: Callable[[], bool], timeout: float, interval: float = 0.
 
 
 def require_tool(tool: str, debian_packages: Sequence[str]) -> str:
-    """The path of ``tool``; installs Debian packages when missing and running as root."""
+    """The path of ``tool``; as root, installs its Debian packages when missing."""
     path = shutil.which(tool)
     if path is not None:
         return path
@@ -129,28 +147,43 @@ def require_tool(tool: str, debian_packages: Sequence[str]) -> str:
 def apt_install(packages: Sequence[str]) -> None:
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     try:
-        subprocess.run(["apt-get", "update", "-q"], check=True, env=env,
-                       stdout=subprocess.DEVNULL)
-        subprocess.run(["apt-get", "install", "-y", "-q", *packages], check=True, env=env,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(
+            ["apt-get", "update", "-q"], check=True, env=env, stdout=subprocess.DEVNULL
+        )
+        subprocess.run(
+            ["apt-get", "install", "-y", "-q", *packages],
+            check=True,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
     except subprocess.CalledProcessError as e:
         raise Unavailable(f"apt-get install {' '.join(packages)} failed: {e}") from e
 
 
-def run(argv: Sequence[str], what: str, user: str | None = None,
-        env: dict[str, str] | None = None) -> str:
+def run(
+    argv: Sequence[str],
+    what: str,
+    user: str | None = None,
+    env: dict[str, str] | None = None,
+) -> str:
     """Run a set-up command; its output becomes the error message when it fails."""
     result = subprocess.run(
-        list(argv), capture_output=True, text=True, **_as_user(user),
-        env={**os.environ, **(env or {})}, check=False,
+        list(argv),
+        capture_output=True,
+        text=True,
+        **_as_user(user),
+        env={**os.environ, **(env or {})},
+        check=False,
     )
     if result.returncode != 0:
-        raise Unavailable(f"{what} failed ({result.returncode}): "
-                          f"{(result.stderr or result.stdout).strip()[-2000:]}")
-    return result.stdout
+        raise Unavailable(
+            f"{what} failed ({result.returncode}): "
+            f"{(result.stderr or result.stdout).strip()[-2000:]}"
+        )
+    return str(result.stdout)
 
 
-def _as_user(user: str | None) -> dict[str, object]:
+def _as_user(user: str | None) -> dict[str, Any]:
     """Popen arguments that drop root to ``user`` with its own group only."""
     if user is None:
         return {}

@@ -23,7 +23,9 @@ class DevS3:
         self.dev = dev
         self.dir = dev.root / "s3proxy"
         self.jar = self.dir / f"s3proxy-{S3PROXY_VERSION}-jar-with-dependencies.jar"
-        self.proc = ManagedProcess("s3", self.dir / "s3proxy.pid", self.dir / "s3proxy.log")
+        self.proc = ManagedProcess(
+            "s3", self.dir / "s3proxy.pid", self.dir / "s3proxy.log"
+        )
 
     @property
     def endpoint(self) -> str:
@@ -35,9 +37,17 @@ class DevS3:
         require_tool("java", ["openjdk-17-jre-headless"])
         mvn = require_tool("mvn", ["maven"])
         self.dir.mkdir(parents=True, exist_ok=True)
-        run([mvn, "-q", "-B", "dependency:copy",
-             f"-Dartifact=org.gaul:s3proxy:{S3PROXY_VERSION}:jar:jar-with-dependencies",
-             f"-DoutputDirectory={self.dir}"], f"fetching S3Proxy {S3PROXY_VERSION}")
+        run(
+            [
+                mvn,
+                "-q",
+                "-B",
+                "dependency:copy",
+                f"-Dartifact=org.gaul:s3proxy:{S3PROXY_VERSION}:jar:jar-with-dependencies",
+                f"-DoutputDirectory={self.dir}",
+            ],
+            f"fetching S3Proxy {S3PROXY_VERSION}",
+        )
 
     def start(self) -> bool:
         if self.proc.pid() is not None:
@@ -56,7 +66,9 @@ class DevS3:
             "jclouds.provider=filesystem\n"
             f"jclouds.filesystem.basedir={data}\n"
         )
-        self.proc.spawn(["java", "-Xmx256m", "-jar", str(self.jar), "--properties", str(conf)])
+        self.proc.spawn(
+            ["java", "-Xmx256m", "-jar", str(self.jar), "--properties", str(conf)]
+        )
         self.wait_ready()
         self._create_bucket()
         return True
@@ -66,11 +78,17 @@ class DevS3:
         from botocore.config import Config  # noqa: PLC0415
 
         return boto3.client(
-            "s3", endpoint_url=self.endpoint, region_name="us-east-1",
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
             aws_access_key_id=self.dev.s3_access_key,
             aws_secret_access_key=self.dev.s3_secret_key,
-            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1},
-                          connect_timeout=2, read_timeout=5),
+            config=Config(
+                s3={"addressing_style": "path"},
+                retries={"max_attempts": 1},
+                connect_timeout=2,
+                read_timeout=5,
+            ),
         )
 
     def _create_bucket(self) -> None:
@@ -80,13 +98,19 @@ class DevS3:
         try:
             s3.create_bucket(Bucket=self.dev.s3_bucket)  # type: ignore[attr-defined]
         except ClientError as e:
-            if e.response["Error"]["Code"] not in ("BucketAlreadyOwnedByYou",
-                                                   "BucketAlreadyExists"):
-                raise Unavailable(f"cannot create bucket {self.dev.s3_bucket}: {e}") from e
+            if e.response["Error"]["Code"] not in (
+                "BucketAlreadyOwnedByYou",
+                "BucketAlreadyExists",
+            ):
+                raise Unavailable(
+                    f"cannot create bucket {self.dev.s3_bucket}: {e}"
+                ) from e
 
     def answers(self) -> bool:
         try:
-            with socket.create_connection((self.dev.host, self.dev.s3_port), timeout=0.5):
+            with socket.create_connection(
+                (self.dev.host, self.dev.s3_port), timeout=0.5
+            ):
                 pass
         except OSError:
             return False
@@ -101,7 +125,9 @@ class DevS3:
     def wait_ready(self, timeout: float = 60.0) -> None:
         def ready() -> bool:
             if self.proc.pid() is None:
-                raise Unavailable(f"s3proxy exited during start:\n{self.proc.log_tail()}")
+                raise Unavailable(
+                    f"s3proxy exited during start:\n{self.proc.log_tail()}"
+                )
             return self.answers()
 
         if not wait_for(ready, timeout, interval=0.2):

@@ -13,8 +13,8 @@ from es_agents.codec import (
     SchemaCatalog,
     SchemaInfo,
 )
-from es_agents.core.commands import COMMAND_TYPES, Approve
-from es_agents.core.events import EVENT_TYPES, ModelResponded, ToolCall, Usage
+from es_agents.core.commands import COMMAND_TYPES, Approve, Command
+from es_agents.core.events import EVENT_TYPES, Event, ModelResponded, ToolCall, Usage
 from es_agents.errors import ConfigError, DecodeError
 from tests.avro_strategies import records
 
@@ -30,7 +30,9 @@ def test_every_event_and_command_has_a_schema() -> None:
 
 def test_schema_fields_match_the_models() -> None:
     for wire_name, cls in {**EVENT_TYPES, **COMMAND_TYPES}.items():
-        fields = [f["name"] for f in json.loads(CATALOG.latest(wire_name).text)["fields"]]
+        fields = [
+            f["name"] for f in json.loads(CATALOG.latest(wire_name).text)["fields"]
+        ]
         assert set(fields) == set(cls.model_fields), wire_name
 
 
@@ -56,9 +58,17 @@ def test_models_round_trip_where_values_are_valid(
 ) -> None:
     record = data.draw(records(json.loads(info.text)))
     assert isinstance(record, dict)
-    cls = {**EVENT_TYPES, **COMMAND_TYPES}[info.wire_name]
-    record.update({"seq": abs(record.get("seq", 0)) % 2**63,
-                   "step": abs(record.get("step", 0)) % 2**31})
+    cls: type[Event] | type[Command] = (
+        EVENT_TYPES[info.wire_name]
+        if info.kind == "events"
+        else COMMAND_TYPES[info.wire_name]
+    )
+    record.update(
+        {
+            "seq": abs(record.get("seq", 0)) % 2**63,
+            "step": abs(record.get("step", 0)) % 2**31,
+        }
+    )
     for key in ("seq", "step"):
         if key not in cls.model_fields:
             record.pop(key)
@@ -75,8 +85,9 @@ def _evolve(info: SchemaInfo) -> SchemaInfo:
     schema["fields"].append(
         {"name": "added_in_v2", "type": "string", "default": "filled-by-default"}
     )
-    return SchemaInfo.from_text(info.kind, info.wire_name, info.version + 1,
-                                json.dumps(schema))
+    return SchemaInfo.from_text(
+        info.kind, info.wire_name, info.version + 1, json.dumps(schema)
+    )
 
 
 @pytest.mark.parametrize("info", SCHEMAS, ids=lambda s: s.ref)
@@ -102,7 +113,10 @@ def test_old_writer_decodes_under_newer_reader(
 
 def _event() -> ModelResponded:
     return ModelResponded(
-        run_id="r-1", seq=2, step=1, content="hi",
+        run_id="r-1",
+        seq=2,
+        step=1,
+        content="hi",
         tool_calls=(ToolCall(call_id="c1", name="search", args_json='{"q":"x"}'),),
         usage=Usage(prompt_tokens=10, completion_tokens=3),
     )

@@ -9,6 +9,7 @@ def test_core_imports_no_io_libraries() -> None:
         "'http.client', 'urllib3', 'requests', 'fastavro') if m in sys.modules]; "
         "print(','.join(bad))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
     assert out.stdout.strip() == ""

@@ -67,8 +67,9 @@ def test_gap_wrong_run_and_after_terminal_are_refused() -> None:
     with pytest.raises(FoldError, match="folded into run"):
         fold(RunState(run_id="other"), events[0])
     done = replay(events)
-    late = StatePatched(run_id="run-1", seq=done.seq + 1, step=done.step, key="k",
-                        value_json="1")
+    late = StatePatched(
+        run_id="run-1", seq=done.seq + 1, step=done.step, key="k", value_json="1"
+    )
     with pytest.raises(FoldError, match="is completed"):
         fold(done, late)
 
@@ -77,8 +78,12 @@ def test_outcome_without_intention_is_refused() -> None:
     events = script("run-1", steps=1)
     state = replay(events[:1])
     with pytest.raises(FoldError, match="without its request"):
-        fold(state, ToolReturned(run_id="run-1", seq=1, step=1, call_id="nope",
-                                 result_json="1"))
+        fold(
+            state,
+            ToolReturned(
+                run_id="run-1", seq=1, step=1, call_id="nope", result_json="1"
+            ),
+        )
     with pytest.raises(FoldError, match="cannot resume"):
         fold(state, Resumed(run_id="run-1", seq=1, step=1, reason="approved"))
 
@@ -87,9 +92,17 @@ def test_model_call_while_tool_pending_is_refused() -> None:
     events = script("run-1", steps=1)
     state = replay(events[:4])
     with pytest.raises(FoldError, match="tool call is pending"):
-        fold(state, ModelCallRequested(run_id="run-1", seq=4, step=3,
-                                       messages_hash="h", message_count=1,
-                                       params_json="{}"))
+        fold(
+            state,
+            ModelCallRequested(
+                run_id="run-1",
+                seq=4,
+                step=3,
+                messages_hash="h",
+                message_count=1,
+                params_json="{}",
+            ),
+        )
 
 
 def test_replay_does_not_touch_its_start_state() -> None:
@@ -116,8 +129,9 @@ def test_snapshot_plus_tail_equals_full_fold(steps: int, k: int, cut: int) -> No
 
 def test_state_patches_fold_into_vars() -> None:
     events = script("run-1", steps=1)[:1]
-    events.append(StatePatched(run_id="run-1", seq=1, step=0, key="plan",
-                               value_json='{"n": 2}'))
+    events.append(
+        StatePatched(run_id="run-1", seq=1, step=0, key="plan", value_json='{"n": 2}')
+    )
     events.append(RunCompleted(run_id="run-1", seq=2, step=0, output_json="null"))
     state = replay(events)
     assert state.vars == {"plan": {"n": 2}}
