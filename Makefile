@@ -1,0 +1,41 @@
+# The two commands that matter: `make demo` and `make test`. Both set up everything on a
+# fresh machine (virtualenv, Kafka jars, Postgres, S3Proxy) and are safe to rerun.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: demo test install lint typecheck unit up down clean
+
+$(BIN)/es-agents: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $@
+
+install: $(BIN)/es-agents
+
+demo: install
+	$(BIN)/es-agents dev up
+	$(BIN)/es-agents demo
+
+test: install
+	bash scripts/test.sh
+
+lint: install
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+typecheck: install
+	$(BIN)/mypy es_agents projectors tests
+
+unit: install
+	$(BIN)/python -m pytest -q tests/unit
+
+up: install
+	$(BIN)/es-agents dev up
+
+down: install
+	$(BIN)/es-agents dev down
+
+clean: down
+	rm -rf .es-dev $(VENV)

@@ -1,0 +1,1 @@
+"""Projectors: consumers of ``es.events`` that materialize Postgres read models."""

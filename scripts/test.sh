@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# `make test`: lint, types, then every test against the real stack. Starts the stack
+# when it is not running and stops it at the end only if this script started it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=.venv/bin
+started=$(date +%s)
+
+# kcat is the third-party reader the tests use to check the wire format.
+if ! command -v kcat >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing kcat (Debian package)"
+    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q kcat >/dev/null
+  else
+    echo "kcat is missing: sudo apt-get install -y kcat" >&2
+    exit 2
+  fi
+fi
+
+echo "== lint and types"
+$BIN/ruff format --check .
+$BIN/ruff check .
+$BIN/mypy es_agents projectors tests
+
+was_up=0
+$BIN/es-agents dev status >/dev/null 2>&1 && was_up=1
+stop_stack() {
+  if [ "$was_up" = 0 ]; then
+    echo "== stopping the dev stack"
+    $BIN/es-agents dev down || true
+  fi
+}
+trap stop_stack EXIT
+
+echo "== dev stack"
+$BIN/es-agents dev up
+
+echo "== tests"
+$BIN/python -m pytest -p no:cacheprovider -o console_output_style=classic tests "$@"
+echo "make test took $(( $(date +%s) - started ))s"
