@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
 from es_agents.errors import ConfigError, EsAgentsError
+
+if TYPE_CHECKING:
+    from es_agents.adapters.kafka import KafkaEventLog
+    from es_agents.core import Command, RunState
 
 F = TypeVar("F", bound=Callable[..., object])
 
@@ -141,6 +146,315 @@ def replay(run_id: str, as_json: bool) -> None:
         click.echo(f"status={state.status} step={state.step} events={state.seq + 1}")
 
 
+def _log() -> KafkaEventLog:
+    from es_agents.adapters.kafka import KafkaEventLog  # noqa: PLC0415
+    from es_agents.settings import load_settings  # noqa: PLC0415
+
+    return KafkaEventLog(load_settings().kafka)
+
+
+def _state_of(log: KafkaEventLog, run_id: str) -> RunState | None:
+    from es_agents.core import replay as fold_all  # noqa: PLC0415
+
+    events = log.read_run(run_id)
+    return fold_all(events) if events else None
+
+
+def _send_checked(command: Command) -> None:
+    """Check the command against the run as the log has it, then send it.
+
+    The worker checks again when it applies it; this check gives the person a clear
+    error now instead of a DLQ entry later.
+    """
+    from es_agents.core.step import Refused, decide  # noqa: PLC0415
+
+    log = _log()
+    try:
+        state = _state_of(log, command.run_id)
+        # Commands sent but not applied yet count too: two approvals sent a moment
+        # apart must not both pass this check.
+        if state is not None:
+            for earlier in log.read_commands(command.run_id):
+                if earlier.command_id not in state.command_ids:
+                    with contextlib.suppress(Refused):  # refused by the worker too
+                        decide(state, earlier)
+        try:
+            if not decide(state, command):
+                click.echo(
+                    f"{command.wire_name} was already applied to {command.run_id}"
+                )
+                return
+        except Refused as e:
+            raise click.ClickException(str(e)) from e
+        position = log.send(command)
+    finally:
+        log.close()
+    click.echo(
+        f"{command.wire_name} {command.run_id}: sent "
+        f"({position.topic}[{position.partition}]@{position.offset})"
+    )
+
+
+@cli.command()
+@click.option("--agent", "agent_spec", required=True, help="module:attr of the agent.")
+@click.option("--group", default=None, help="Consumer group (default PREFIX.workers).")
+@click.option(
+    "--instance-id",
+    default=None,
+    help="Static group membership: a restarted worker takes its partitions "
+    "back at once instead of waiting for the session timeout.",
+)
+@click.option(
+    "--until-idle",
+    is_flag=True,
+    help="Exit when no run is active and no command came for --idle seconds.",
+)
+@click.option("--idle", type=float, default=1.0, show_default=True)
+@click.option(
+    "--threads",
+    type=int,
+    default=64,
+    show_default=True,
+    help="Runs that can take steps at the same time.",
+)
+def worker(  # noqa: PLR0917 - click passes options positionally
+    agent_spec: str,
+    group: str | None,
+    instance_id: str | None,
+    until_idle: bool,
+    idle: float,
+    threads: int,
+) -> None:
+    """Consume commands and drive the runs of the owned partitions."""
+    import logging  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    from es_agents.adapters.kafka import ensure_topics  # noqa: PLC0415
+    from es_agents.agent import load_agent  # noqa: PLC0415
+    from es_agents.settings import load_settings  # noqa: PLC0415
+    from es_agents.worker import Worker  # noqa: PLC0415
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("es_agents.librdkafka").setLevel(logging.ERROR)
+    sys.path.insert(0, os.getcwd())  # agents usually live in the project, like app dirs
+    agent = load_agent(agent_spec)
+    settings = load_settings()
+    ensure_topics(settings.kafka)
+    w = Worker(
+        settings,
+        agent,
+        group_id=group,
+        instance_id=instance_id,
+        until_idle=until_idle,
+        idle_seconds=idle,
+        threads=threads,
+    )
+    signal.signal(signal.SIGTERM, lambda *_: w.stop())
+    click.echo(
+        f"worker for agent {agent.name!r} on {settings.kafka.commands_topic}", err=True
+    )
+    w.run()
+
+
+@cli.command("start")
+@click.argument("agent")
+@click.option(
+    "--input",
+    "input_json",
+    default="{}",
+    show_default=True,
+    help="The run's input as JSON.",
+)
+@click.option("--run-id", default=None, help="Default: a new UUID.")
+def start_run(agent: str, input_json: str, run_id: str | None) -> None:
+    """Start a run of AGENT; prints the run id."""
+    import json as json_module  # noqa: PLC0415
+    import uuid  # noqa: PLC0415
+
+    from es_agents.core.commands import StartRun  # noqa: PLC0415
+
+    try:
+        json_module.loads(input_json)
+    except ValueError as e:
+        raise click.BadParameter(f"not JSON: {e}", param_hint="--input") from e
+    from es_agents.adapters.kafka import ensure_topics  # noqa: PLC0415
+
+    command = StartRun(
+        run_id=run_id or str(uuid.uuid4()), agent=agent, input_json=input_json
+    )
+    log = _log()
+    try:
+        ensure_topics(log.settings)
+        if log.read_run(command.run_id):
+            raise click.ClickException(f"run {command.run_id} already exists")
+        log.send(command)
+    finally:
+        log.close()
+    click.echo(command.run_id)
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--by", required=True, help="Who approves.")
+@click.option("--gate", default=None, help="Approve a named gate ahead of time.")
+@click.option("--comment", default=None)
+def approve(run_id: str, by: str, gate: str | None, comment: str | None) -> None:
+    """Approve the gate RUN waits at (or --gate, ahead of time)."""
+    from es_agents.core.commands import Approve  # noqa: PLC0415
+
+    _send_checked(Approve(run_id=run_id, by=by, gate=gate, comment=comment))
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--by", required=True, help="Who rejects.")
+@click.option("--gate", default=None, help="Reject a named gate ahead of time.")
+@click.option("--reason", default=None)
+def reject(run_id: str, by: str, gate: str | None, reason: str | None) -> None:
+    """Reject the gate RUN waits at (or --gate, ahead of time)."""
+    from es_agents.core.commands import Reject  # noqa: PLC0415
+
+    _send_checked(Reject(run_id=run_id, by=by, gate=gate, reason=reason))
+
+
+@cli.command("provide-input")
+@click.argument("run_id")
+@click.option("--by", required=True)
+@click.option("--input", "input_json", required=True, help="JSON.")
+def provide_input(run_id: str, by: str, input_json: str) -> None:
+    """Give RUN the input it waits for (or settle an uncertain effect's result)."""
+    from es_agents.core.commands import ProvideInput  # noqa: PLC0415
+
+    _send_checked(ProvideInput(run_id=run_id, by=by, input_json=input_json))
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--by", required=True)
+@click.option("--reason", default=None)
+def cancel(run_id: str, by: str, reason: str | None) -> None:
+    """Stop RUN for good."""
+    from es_agents.core.commands import Cancel  # noqa: PLC0415
+
+    _send_checked(Cancel(run_id=run_id, by=by, reason=reason))
+
+
+def _summary(state: RunState) -> dict[str, object]:
+    waiting = state.waiting
+    return {
+        "run_id": state.run_id,
+        "agent": state.agent,
+        "status": state.status,
+        "step": state.step,
+        "events": state.seq + 1,
+        "waiting": waiting.reason if waiting else None,
+        "gate": waiting.gate if waiting else None,
+        "wake_at": waiting.wake_at if waiting else None,
+        "pending": type(state.pending).__name__ if state.pending else None,
+        "model_calls": state.model_calls,
+        "model_attempts": state.model_attempts,
+        "tool_calls": state.tool_calls,
+        "reconciled_calls": state.reconciled_calls,
+        "tokens": state.prompt_tokens + state.completion_tokens,
+        "output": state.output_json,
+        "error": state.error,
+        "started_at": state.started_at,
+        "updated_at": state.updated_at,
+        "versions": {
+            "agent_version": state.versions.agent_version,
+            "prompt_hash": state.versions.prompt_hash,
+            "model_id": state.versions.model_id,
+            "tools_hash": state.versions.tools_hash,
+            "reducer_version": state.versions.reducer_version,
+        },
+    }
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True)
+def status(run_id: str, as_json: bool) -> None:
+    """A run's status, step, what it waits for, and its versions."""
+    log = _log()
+    try:
+        state = _state_of(log, run_id)
+    finally:
+        log.close()
+    if state is None:
+        raise click.ClickException(f"unknown run {run_id}")
+    summary = _summary(state)
+    if as_json:
+        _echo_json(summary)
+        return
+    for key, value in summary.items():
+        if value not in (None, "", {}):
+            click.echo(f"{key:>16}: {value}")
+
+
+@cli.command()
+@click.option(
+    "--status",
+    "status_filter",
+    type=click.Choice(["running", "paused", "blocked", "completed", "failed"]),
+)
+@click.option("--json", "as_json", is_flag=True)
+def runs(status_filter: str | None, as_json: bool) -> None:
+    """Every run in the log (folded from the topic), optionally by status."""
+    from es_agents.core import RunState as State  # noqa: PLC0415
+    from es_agents.core.fold import fold as fold_one  # noqa: PLC0415
+
+    log = _log()
+    states: dict[str, State] = {}
+    try:
+        for partition in range(log.settings.partitions):
+            for msg in log.read_partition(log.settings.events_topic, partition):
+                event = log.codec.decode_event(msg.value() or b"")
+                state = states.setdefault(event.run_id, State(run_id=event.run_id))
+                fold_one(state, event)
+    finally:
+        log.close()
+    rows = [
+        _summary(s)
+        for s in states.values()
+        if status_filter is None or s.status == status_filter
+    ]
+    if as_json:
+        for row in rows:
+            _echo_json(row)
+        return
+    _table(
+        rows, ["run_id", "agent", "status", "step", "events", "waiting", "updated_at"]
+    )
+
+
+@cli.command()
+@click.option(
+    "--print", "print_only", is_flag=True, help="Show the SQL, apply nothing."
+)
+def migrate(print_only: bool) -> None:
+    """Apply the SQL migrations in projectors/sql to ES_AGENTS_DATABASE_URL."""
+    from es_agents.adapters.postgres import Database  # noqa: PLC0415
+    from es_agents.settings import load_settings  # noqa: PLC0415
+
+    db = Database(load_settings().database_url.get_secret_value())
+    try:
+        todo = db.migrate(dry_run=print_only)
+    finally:
+        db.close()
+    for migration in todo:
+        if print_only:
+            click.echo(
+                f"-- {migration.version:04d}_{migration.name}.sql\n{migration.sql}"
+            )
+        else:
+            click.echo(f"applied {migration.version:04d}_{migration.name}")
+    if not todo:
+        click.echo("nothing to apply")
+
+
 @cli.command()
 @click.option("--steps", type=int, default=5, show_default=True)
 def demo(steps: int) -> None:
@@ -152,6 +466,10 @@ def demo(steps: int) -> None:
 
 
 def main() -> None:
+    import logging  # noqa: PLC0415
+
+    # librdkafka's own retries (coordinator loading, reconnects) are not news.
+    logging.getLogger("es_agents.librdkafka").setLevel(logging.ERROR)
     try:
         cli(standalone_mode=False)
     except click.exceptions.Abort:

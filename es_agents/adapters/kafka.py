@@ -83,7 +83,7 @@ def ensure_topics(settings: KafkaSettings, timeout: float = 30.0) -> None:
             except KafkaException as e:
                 if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise Unavailable(f"cannot create topic {topic}: {e}") from e
-        existing = admin.list_topics(timeout=timeout).topics
+        existing = _wait_for_leaders(admin, topics, timeout)
     counts = {t: len(existing[t].partitions) for t in topics[:2] if t in existing}
     if len(set(counts.values())) > 1 or any(
         n != settings.partitions for n in counts.values()
@@ -100,6 +100,49 @@ def where(msg: Message) -> tuple[str, int, int]:
     if topic is None or partition is None or offset is None:
         raise Unavailable(f"message without a position: {msg.error()}")
     return topic, partition, offset
+
+
+def _watermarks(consumer: Consumer, tp: TopicPartition) -> tuple[int, int]:
+    """Low and high watermarks; a topic created a moment ago may take a few hundred
+    milliseconds to reach this client's metadata, so unknown partitions are retried."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=10)
+        except KafkaException as e:
+            unknown = e.args[0].code() in (
+                KafkaError._UNKNOWN_PARTITION,
+                KafkaError.UNKNOWN_TOPIC_OR_PART,
+                KafkaError.NOT_LEADER_FOR_PARTITION,
+                KafkaError.LEADER_NOT_AVAILABLE,
+            )
+            if unknown and time.monotonic() < deadline:
+                # Ask for the topic's metadata: a consumer does not learn about
+                # topics it neither subscribes to nor is assigned by itself.
+                consumer.list_topics(tp.topic, timeout=5)
+                time.sleep(0.05)
+                continue
+            raise Unavailable(f"{tp.topic}[{tp.partition}]: no watermarks: {e}") from e
+        return int(low), int(high)
+
+
+def _wait_for_leaders(admin: AdminClient, topics: list[str], timeout: float) -> Any:
+    """New topics are usable once every partition has a leader in the metadata."""
+    deadline = time.monotonic() + timeout
+    while True:
+        existing = admin.list_topics(timeout=timeout).topics
+        ready = all(
+            t in existing
+            and existing[t].partitions
+            and all(
+                p.leader >= 0 and p.error is None
+                for p in existing[t].partitions.values()
+            )
+            for t in topics
+        )
+        if ready or time.monotonic() > deadline:
+            return existing
+        time.sleep(0.05)
 
 
 @final
@@ -208,6 +251,20 @@ class KafkaEventLog:
                 events.append(self._decode_at(msg))
         return events
 
+    def read_commands(self, run_id: str) -> list[Command]:
+        """The run's commands in ``es.commands`` (undecodable ones are skipped)."""
+        partition = self.partition_for(run_id)
+        key = run_id.encode()
+        commands: list[Command] = []
+        topic = self.settings.commands_topic
+        for msg in self.read_partition(topic, partition):
+            if msg.key() == key:
+                try:
+                    commands.append(self.codec.decode_command(msg.value() or b""))
+                except DecodeError:
+                    continue  # the worker dead-letters it
+        return commands
+
     def read_partition(
         self, topic: str, partition: int, start: int = 0, end: int | None = None
     ) -> Iterator[Message]:
@@ -215,10 +272,7 @@ class KafkaEventLog:
         with self._reader_lock:
             reader = self._reader_consumer()
             tp = TopicPartition(topic, partition)
-            try:
-                low, high = reader.get_watermark_offsets(tp, timeout=10)
-            except KafkaException as e:
-                raise Unavailable(f"{topic}[{partition}]: no watermarks: {e}") from e
+            low, high = _watermarks(reader, tp)
             stop = high if end is None else min(end, high)
             first = max(start, low)
             if first >= stop:
@@ -344,11 +398,15 @@ class KafkaSource(Generic[T]):
         *,
         on_assign: Callable[[list[int]], None] | None = None,
         on_revoke: Callable[[list[int]], None] | None = None,
+        extra: Mapping[str, str | int] | None = None,
     ) -> None:
         self.topic = topic
         self._decode: Callable[[bytes], T] = decode
         self._dlq = dlq
-        self._consumer = Consumer(_client(settings.consumer_config(group_id)))
+        self._consumer = Consumer(
+            _client({**settings.consumer_config(group_id), **(extra or {})})
+        )
+        self._skipped: list[tuple[int, int]] = []
         self._on_assign = on_assign
         self._on_revoke = on_revoke
         self._consumer.subscribe(
@@ -382,6 +440,7 @@ class KafkaSource(Generic[T]):
                 self._dlq.send(msg, str(e))
                 self.dead_lettered += 1
                 self._mark(msg)
+                self._skipped.append(where(msg)[1:])
                 continue
             out.append(Received(message, *where(msg)))
             self._mark(msg)
@@ -392,6 +451,34 @@ class KafkaSource(Generic[T]):
         self._consumer.store_offsets(
             offsets=[TopicPartition(topic, partition, offset + 1)]
         )
+
+    def caught_up(self) -> bool:
+        """True when assigned and every assigned partition was read to its end."""
+        assignment = self._consumer.assignment()
+        if not assignment:
+            return False
+        positions = self._consumer.position(assignment)
+        for tp in positions:
+            low, high = _watermarks(self._consumer, tp)
+            position = tp.offset if tp.offset >= 0 else low
+            if position < high:
+                return False
+        return True
+
+    def drain_skipped(self) -> list[tuple[int, int]]:
+        """(partition, offset) of messages dead-lettered since the last call."""
+        skipped, self._skipped = self._skipped, []
+        return skipped
+
+    def commit_offsets(self, offsets: Mapping[int, int]) -> None:
+        """Commit next offsets per partition (the caller tracks what was applied)."""
+        try:
+            self._consumer.commit(
+                offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
+                asynchronous=False,
+            )
+        except KafkaException as e:
+            raise Unavailable(f"{self.topic}: commit failed: {e}") from e
 
     def commit(self) -> None:
         """Commit what ``poll`` handed out (and dead-lettered) so far."""

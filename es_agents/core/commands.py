@@ -35,6 +35,7 @@ class Approve(Command):
     wire_name: ClassVar[str] = "approve"
 
     by: str
+    gate: str | None = None
     comment: str | None = None
 
 
@@ -42,6 +43,7 @@ class Reject(Command):
     wire_name: ClassVar[str] = "reject"
 
     by: str
+    gate: str | None = None
     reason: str | None = None
 
 

@@ -28,6 +28,7 @@ from es_agents.core.events import (
     ToolReturned,
 )
 from es_agents.core.state import (
+    GATE_PREFIX,
     LastResume,
     PendingModelCall,
     PendingToolCall,
@@ -91,6 +92,7 @@ def _(event: RunStarted, state: RunState) -> None:
         raise FoldError(f"run {state.run_id}: run_started must be seq 0")
     state.agent = event.agent
     state.input_json = event.input_json
+    state.command_ids.add(event.command_id)
     state.status = "running"
     state.started_at = event.at
     state.versions = Versions(
@@ -136,6 +138,7 @@ def _(event: ModelResponded, state: RunState) -> None:
         message["tool_calls"] = [c.model_dump() for c in event.tool_calls]
     state.transcript.append(message)  # type: ignore[arg-type]
     state.open_tool_calls = list(event.tool_calls)
+    state.last_outcome_seq = event.seq
 
 
 @_apply.register
@@ -163,6 +166,7 @@ def _(event: ToolReturned, state: RunState) -> None:
             f"run {state.run_id}: tool_returned for {event.call_id} without its request"
         )
     state.pending = None
+    state.last_outcome_seq = event.seq
     state.tool_calls += 1
     if event.reconciled:
         state.reconciled_calls += 1
@@ -183,7 +187,20 @@ def _(event: ToolReturned, state: RunState) -> None:
 @_apply.register
 def _(event: StatePatched, state: RunState) -> None:
     _require_started(state, event)
-    state.vars[event.key] = json.loads(event.value_json)
+    value = json.loads(event.value_json)
+    if event.key.startswith(GATE_PREFIX):
+        gate = event.key[len(GATE_PREFIX) :]
+        if value is None:
+            state.early_decisions.pop(gate, None)
+        elif isinstance(value, dict):
+            state.early_decisions[gate] = value
+            command_id = value.get("command_id")
+            if isinstance(command_id, str):
+                state.command_ids.add(command_id)
+        else:
+            raise FoldError(f"run {state.run_id}: {event.key} must hold an object")
+        return
+    state.vars[event.key] = value
 
 
 @_apply.register
@@ -191,11 +208,14 @@ def _(event: Interrupted, state: RunState) -> None:
     _require_started(state, event)
     _require_running(state, event)
     state.status = "blocked" if event.reason == "version_mismatch" else "paused"
+    detail = json.loads(event.detail_json or "{}")
+    gate = detail.get("gate") if isinstance(detail, dict) else None
     state.waiting = Waiting(
         reason=event.reason,
         detail_json=event.detail_json,
         wake_at=event.wake_at,
         since_seq=event.seq,
+        gate=gate if isinstance(gate, str) else None,
     )
 
 
@@ -203,11 +223,18 @@ def _(event: Interrupted, state: RunState) -> None:
 def _(event: Resumed, state: RunState) -> None:
     if state.status not in ("paused", "blocked"):
         raise FoldError(f"run {state.run_id} is {state.status}; cannot resume")
+    gate = state.waiting.gate if state.waiting is not None else None
     state.status = "running"
     state.waiting = None
     state.last_resume = LastResume(
-        reason=event.reason, by=event.by, input_json=event.input_json, seq=event.seq
+        reason=event.reason,
+        by=event.by,
+        input_json=event.input_json,
+        seq=event.seq,
+        gate=gate,
     )
+    if event.command_id is not None:
+        state.command_ids.add(event.command_id)
 
 
 @_apply.register

@@ -12,6 +12,7 @@ from es_agents.core.events import ToolCall
 
 RunStatus = Literal["running", "paused", "completed", "failed", "blocked"]
 TERMINAL: frozenset[str] = frozenset({"completed", "failed"})
+GATE_PREFIX = "gate:"  # state_patched keys that hold a decision taken ahead of a gate
 
 
 @dataclass(slots=True)
@@ -45,6 +46,7 @@ class Waiting:
     detail_json: str
     wake_at: datetime | None
     since_seq: int
+    gate: str | None = None
 
 
 @dataclass(slots=True)
@@ -65,6 +67,7 @@ class LastResume:
     by: str | None
     input_json: str | None
     seq: int
+    gate: str | None = None
 
 
 @dataclass(slots=True)
@@ -79,6 +82,7 @@ class RunState:
     step: int = 0
     transcript: list[dict[str, JsonValue]] = field(default_factory=list)
     open_tool_calls: list[ToolCall] = field(default_factory=list)
+    last_outcome_seq: int = -1  # seq of the last model_responded or tool_returned
     pending: PendingModelCall | PendingToolCall | None = None
     waiting: Waiting | None = None
     vars: dict[str, JsonValue] = field(default_factory=dict)
@@ -89,6 +93,10 @@ class RunState:
     tool_calls: int = 0
     reconciled_calls: int = 0
     last_resume: LastResume | None = None
+    # Decisions taken on a gate before the run reached it ("gate:<name>" patches).
+    early_decisions: dict[str, dict[str, JsonValue]] = field(default_factory=dict)
+    # Commands already applied, so a redelivered command changes nothing.
+    command_ids: set[str] = field(default_factory=set)
     output_json: str | None = None
     error: str | None = None
     versions: Versions = field(default_factory=Versions)

@@ -1,0 +1,196 @@
+"""Postgres adapters: migrations, the effect ledger and durable timers.
+
+Every psycopg error becomes one of ours at this boundary, with ``raise ... from``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from importlib import resources
+from typing import Literal, final
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from es_agents.errors import ConfigError, Unavailable
+
+_MIGRATION = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+def migrations() -> list[Migration]:
+    """The SQL files in ``projectors/sql``, in version order."""
+    found = []
+    for entry in resources.files("projectors").joinpath("sql").iterdir():
+        match = _MIGRATION.match(entry.name)
+        if match:
+            found.append(
+                Migration(int(match["version"]), match["name"], entry.read_text())
+            )
+    return sorted(found, key=lambda m: m.version)
+
+
+class Database:
+    """A small connection pool with errors translated at the boundary."""
+
+    def __init__(self, url: str, max_size: int = 8) -> None:
+        self.url = url
+        try:
+            self.pool = ConnectionPool(
+                url,
+                min_size=1,
+                max_size=max_size,
+                open=True,
+                timeout=30,
+                kwargs={"autocommit": False},
+            )
+        except psycopg.Error as e:
+            raise Unavailable(f"postgres at {_safe(url)}: {e}") from e
+
+    @contextmanager
+    def transaction(self) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+        try:
+            with self.pool.connection() as conn, conn.transaction():
+                yield conn
+        except psycopg.OperationalError as e:
+            raise Unavailable(f"postgres: {e}") from e
+
+    def migrate(self, dry_run: bool = False) -> list[Migration]:
+        """Apply the migrations not applied yet (each in its own transaction)."""
+        with self.transaction() as conn:
+            conn.execute(
+                "CREATE TABLE IF NOT EXISTS es_schema_migrations ("
+                " version integer PRIMARY KEY, name text NOT NULL,"
+                " applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            conn.execute("LOCK TABLE es_schema_migrations IN EXCLUSIVE MODE")
+            done = {
+                row[0]
+                for row in conn.execute("SELECT version FROM es_schema_migrations")
+            }
+            todo = [m for m in migrations() if m.version not in done]
+            if dry_run:
+                return todo
+            for migration in todo:
+                conn.execute(migration.sql.encode())
+                conn.execute(
+                    "INSERT INTO es_schema_migrations (version, name) VALUES (%s, %s)",
+                    (migration.version, migration.name),
+                )
+        return todo
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def _safe(url: str) -> str:
+    return re.sub(r"://([^:@/]+):[^@/]+@", r"://\1:***@", url)
+
+
+EffectStatus = Literal["new", "started", "done"]
+
+
+@dataclass(frozen=True)
+class EffectRecord:
+    status: EffectStatus
+    result_json: str | None = None
+    error: str | None = None
+
+
+@final
+class PostgresEffectLedger:
+    """The dedupe table: at most one call per idempotency key for tools that cannot
+    honor keys themselves."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def begin(self, key: str, run_id: str, step: int, tool: str) -> EffectRecord:
+        """Claim ``key`` before calling; ``new`` means: call now, then ``finish``."""
+        with self._db.transaction() as conn:
+            inserted = conn.execute(
+                "INSERT INTO effects (idempotency_key, run_id, step, tool, status) "
+                "VALUES (%s, %s, %s, %s, 'started') ON CONFLICT DO NOTHING",
+                (key, run_id, step, tool),
+            ).rowcount
+            if inserted == 1:
+                return EffectRecord("new")
+        return self.get(key) or EffectRecord("new")
+
+    def finish(self, key: str, result_json: str | None, error: str | None) -> None:
+        with self._db.transaction() as conn:
+            updated = conn.execute(
+                "UPDATE effects SET status = 'done', result_json = %s, error = %s, "
+                "finished_at = now() WHERE idempotency_key = %s AND status = 'started'",
+                (result_json, error, key),
+            ).rowcount
+        if updated != 1:
+            raise ConfigError(f"effect {key} was not started, or already finished")
+
+    def get(self, key: str) -> EffectRecord | None:
+        with self._db.transaction() as conn:
+            row = conn.execute(
+                "SELECT status, result_json, error FROM effects "
+                "WHERE idempotency_key = %s",
+                (key,),
+            ).fetchone()
+        if row is None:
+            return None
+        status, result_json, error = row
+        return EffectRecord(status, result_json, error)  # type: ignore[arg-type]
+
+
+@final
+class PostgresTimers:
+    """Durable timers, due by the database's clock."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+
+    def schedule(self, timer_id: str, run_id: str, due_at: datetime) -> None:
+        with self._db.transaction() as conn:
+            conn.execute(
+                "INSERT INTO timers (timer_id, run_id, due_at) VALUES (%s, %s, %s) "
+                "ON CONFLICT (timer_id) DO NOTHING",
+                (timer_id, run_id, due_at),
+            )
+
+    def fire_due(
+        self, fire: Callable[[str, str, datetime], None], limit: int = 100
+    ) -> int:
+        """Call ``fire(timer_id, run_id, due_at)`` for due timers, then mark them.
+
+        ``fire`` must make the wake-up durable (send the command) before returning; a
+        crash before the mark fires the timer again, which the run ignores.
+        """
+        with self._db.transaction() as conn:
+            rows = conn.execute(
+                "SELECT timer_id, run_id, due_at FROM timers "
+                "WHERE fired_at IS NULL AND due_at <= now() ORDER BY due_at "
+                "LIMIT %s FOR UPDATE SKIP LOCKED",
+                (limit,),
+            ).fetchall()
+            for timer_id, run_id, due_at in rows:
+                fire(timer_id, run_id, due_at)  # type: ignore[arg-type]
+                conn.execute(
+                    "UPDATE timers SET fired_at = now() WHERE timer_id = %s",
+                    (timer_id,),
+                )
+        return len(rows)
+
+    def get(self, timer_id: str) -> tuple[datetime, datetime | None] | None:
+        with self._db.transaction() as conn:
+            row = conn.execute(
+                "SELECT due_at, fired_at FROM timers WHERE timer_id = %s", (timer_id,)
+            ).fetchone()
+        return None if row is None else (row[0], row[1])  # type: ignore[return-value]

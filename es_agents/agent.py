@@ -1,0 +1,131 @@
+"""Agents: a planner over the folded state, plus the tools and model it uses.
+
+``ToolAgent`` is the built-in tool-calling agent: the model is the planner
+(messages -> completion -> tool calls -> results -> model), configured with a system
+prompt and tools. Any object with ``plan``, ``tools``, ``model`` and ``versions`` is an
+agent; a custom planner may also patch state, sleep, ask for input or fail.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import import_module
+from typing import Any, Protocol
+
+from pydantic import JsonValue
+
+from es_agents.core.state import RunState
+from es_agents.core.step import (
+    CallModel,
+    CallTool,
+    Finish,
+    Interrupt,
+    Message,
+    Step,
+)
+from es_agents.errors import ConfigError
+from es_agents.models import ModelClient
+from es_agents.tools import Tool, tools_hash
+
+
+class Agent(Protocol):
+    name: str
+
+    @property
+    def tools(self) -> Mapping[str, Tool[Any]]: ...
+
+    @property
+    def model(self) -> ModelClient | None: ...
+
+    def plan(self, state: RunState) -> Step: ...
+
+    def versions(self) -> dict[str, str | int]: ...
+
+
+@dataclass
+class ToolAgent:
+    name: str
+    system_prompt: str
+    model: ModelClient | None
+    tool_list: list[Tool[Any]] = field(default_factory=list)
+    params: dict[str, JsonValue] = field(default_factory=dict)
+    version: str = "1"
+
+    @property
+    def tools(self) -> Mapping[str, Tool[Any]]:
+        return {t.name: t for t in self.tool_list}
+
+    def versions(self) -> dict[str, str | int]:
+        return {
+            "agent_version": f"{self.name}@{self.version}",
+            "prompt_hash": "sha256:"
+            + hashlib.sha256(self.system_prompt.encode()).hexdigest(),
+            "model_id": self.model.model_id if self.model is not None else "",
+            "tools_hash": tools_hash(self.tool_list),
+        }
+
+    def messages(self, state: RunState) -> list[Message]:
+        return [
+            {"role": "system", "content": self.system_prompt},
+            {"role": "user", "content": state.input_json},
+            *state.transcript,
+        ]
+
+    def plan(self, state: RunState) -> Step:
+        if state.open_tool_calls:
+            call = state.open_tool_calls[0]
+            tool = self.tools.get(call.name)
+            if tool is not None and tool.requires_approval:
+                decided = state.last_resume
+                if (
+                    decided is None
+                    or decided.gate != tool.name
+                    or (decided.seq < state.last_outcome_seq)
+                ):
+                    return Interrupt(
+                        reason="awaiting_approval",
+                        gate=tool.name,
+                        detail={
+                            "call_id": call.call_id,
+                            "tool": call.name,
+                            "args_json": call.args_json,
+                        },
+                    )
+                if decided.reason != "approved":
+                    return Finish({"rejected": call.name, "by": decided.by})
+            try:
+                args = json.loads(call.args_json)
+            except json.JSONDecodeError:
+                args = {"_unparsable": call.args_json}
+            return CallTool(
+                call.call_id,
+                call.name,
+                args if isinstance(args, dict) else {"_value": args},
+            )
+        last = state.transcript[-1] if state.transcript else None
+        if last is not None and last.get("role") == "assistant":
+            return Finish({"answer": last.get("content")})
+        return CallModel(self.messages(state), dict(self.params))
+
+
+def load_agent(spec: str) -> Agent:
+    """``module:attr`` -> the agent object (or the result of calling a factory)."""
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"agent {spec!r}: expected module:attr")
+    try:
+        module = import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"agent {spec!r}: cannot import {module_name}: {e}") from e
+    try:
+        agent = getattr(module, attr)
+    except AttributeError as e:
+        raise ConfigError(f"agent {spec!r}: {module_name} has no {attr}") from e
+    if callable(agent) and not hasattr(agent, "plan"):
+        agent = agent()
+    if not hasattr(agent, "plan"):
+        raise ConfigError(f"agent {spec!r} has no plan(state) method")
+    return agent  # type: ignore[no-any-return]

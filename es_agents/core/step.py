@@ -1,0 +1,254 @@
+"""The step protocol's pure half: what a planner may ask for, and what a command does.
+
+A planner is a pure function of the folded state: it returns the next ``Step``. The
+worker turns a step into an intention event, makes it durable, acts, and records the
+outcome. ``decide`` turns a command into the events it causes, or refuses it with a
+reason a person can act on; the CLI and the worker run the same function.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Literal, Protocol
+
+from pydantic import JsonValue
+
+from es_agents.core.commands import (
+    Approve,
+    Cancel,
+    Command,
+    FireTimer,
+    ProvideInput,
+    Reject,
+    StartRun,
+)
+from es_agents.core.events import (
+    Event,
+    Interrupted,
+    Resumed,
+    RunFailed,
+    RunStarted,
+    StatePatched,
+)
+from es_agents.core.fold import fold
+from es_agents.core.state import GATE_PREFIX, RunState
+from es_agents.errors import EsAgentsError
+
+Message = dict[str, JsonValue]
+
+
+@dataclass(frozen=True)
+class CallModel:
+    messages: Sequence[Message]
+    params: dict[str, JsonValue] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CallTool:
+    call_id: str
+    tool: str
+    args: dict[str, JsonValue]
+
+
+@dataclass(frozen=True)
+class PatchState:
+    key: str
+    value: JsonValue
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    reason: Literal["awaiting_approval", "awaiting_input", "sleeping"]
+    gate: str | None = None
+    detail: dict[str, JsonValue] = field(default_factory=dict)
+    wake_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Finish:
+    output: JsonValue
+
+
+@dataclass(frozen=True)
+class Fail:
+    error: str
+    kind: str = "error"
+
+
+Step = CallModel | CallTool | PatchState | Interrupt | Finish | Fail
+
+
+class Planner(Protocol):
+    """Decides the next step from the folded state; must not do I/O."""
+
+    def plan(self, state: RunState) -> Step: ...
+
+
+def canonical_json(value: object) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def messages_hash(messages: Sequence[Message]) -> str:
+    return (
+        "sha256:" + hashlib.sha256(canonical_json(list(messages)).encode()).hexdigest()
+    )
+
+
+class Refused(EsAgentsError):
+    """A command that cannot apply to the run as it is; nothing was changed."""
+
+
+class EventBuilder:
+    """Makes a run's next events with contiguous sequence numbers and folds them."""
+
+    def __init__(self, state: RunState) -> None:
+        self.state = state
+        self.events: list[Event] = []
+
+    def add(self, event_type: type[Event], **fields: object) -> Event:
+        fields.setdefault("step", self.state.step)
+        event = event_type(run_id=self.state.run_id, seq=self.state.seq + 1, **fields)
+        fold(self.state, event)
+        self.events.append(event)
+        return event
+
+
+def start(
+    command: StartRun, versions: dict[str, str | int] | None = None
+) -> RunStarted:
+    return RunStarted(
+        run_id=command.run_id,
+        seq=0,
+        step=0,
+        agent=command.agent,
+        input_json=command.input_json,
+        command_id=command.command_id,
+        **(versions or {}),
+    )
+
+
+def decide(  # noqa: PLR0912 - one branch per command and verdict
+    state: RunState | None, command: Command
+) -> list[Event]:
+    """The events ``command`` appends to the run in ``state`` (None: no such run).
+
+    Returns ``[]`` for a command already applied. Raises ``Refused`` with the reason
+    otherwise; a refusal changes nothing. ``state`` is updated with the new events.
+    """
+    if isinstance(command, StartRun):
+        if state is not None:
+            if command.command_id in state.command_ids:
+                return []
+            raise Refused(f"run {command.run_id} already exists")
+        raise Refused("start_run is applied by the worker with the agent's versions")
+    if state is None:
+        raise Refused(f"unknown run {command.run_id}")
+    if command.command_id in state.command_ids:
+        return []
+    if state.terminal:
+        raise Refused(f"run {state.run_id} is {state.status}")
+    out = EventBuilder(state)
+    if isinstance(command, Approve | Reject):
+        _decide_gate(state, command, out)
+    elif isinstance(command, ProvideInput):
+        if state.waiting is None or state.waiting.reason != "awaiting_input":
+            raise Refused(
+                f"run {state.run_id} is not waiting for input ({_doing(state)})"
+            )
+        out.add(
+            Resumed,
+            reason="input",
+            command_id=command.command_id,
+            by=command.by,
+            input_json=command.input_json,
+        )
+    elif isinstance(command, Cancel):
+        out.add(
+            RunFailed,
+            error=f"cancelled by {command.by}: {command.reason or ''}",
+            kind="cancelled",
+        )
+    elif isinstance(command, FireTimer):
+        waiting = state.waiting
+        if (
+            waiting is None
+            or waiting.reason != "sleeping"
+            or timer_id(state.run_id, waiting.since_seq) != command.timer_id
+        ):
+            return []  # a stale or repeated timer: nothing to wake
+        out.add(Resumed, reason="timer", command_id=command.command_id)
+    else:
+        raise Refused(f"unknown command {command.wire_name}")
+    return out.events
+
+
+def _decide_gate(state: RunState, command: Approve | Reject, out: EventBuilder) -> None:
+    decision = "approved" if isinstance(command, Approve) else "rejected"
+    waiting = state.waiting
+    if waiting is not None and waiting.reason == "awaiting_approval":
+        if command.gate is not None and command.gate != waiting.gate:
+            raise Refused(
+                f"run {state.run_id} waits at gate {waiting.gate!r}, "
+                f"not {command.gate!r}"
+            )
+        out.add(Resumed, reason=decision, command_id=command.command_id, by=command.by)
+        return
+    if state.status != "running":
+        raise Refused(
+            f"run {state.run_id} is not waiting for approval ({_doing(state)})"
+        )
+    if command.gate is None:
+        raise Refused(
+            f"run {state.run_id} is not waiting for approval ({_doing(state)}); "
+            "name the gate (--gate) to decide it ahead of time"
+        )
+    earlier = state.early_decisions.get(command.gate)
+    if earlier is not None:
+        raise Refused(
+            f"gate {command.gate!r} of run {state.run_id} was already "
+            f"{earlier.get('decision')} by {earlier.get('by')}"
+        )
+    out.add(
+        StatePatched,
+        key=GATE_PREFIX + command.gate,
+        value_json=canonical_json(
+            {"decision": decision, "by": command.by, "command_id": command.command_id}
+        ),
+    )
+
+
+def _doing(state: RunState) -> str:
+    if state.waiting is not None:
+        return f"it waits: {state.waiting.reason}"
+    return f"it is {state.status}"
+
+
+def timer_id(run_id: str, interrupted_seq: int) -> str:
+    """One timer per sleep: the run and the seq of its ``interrupted`` event."""
+    return f"{run_id}:{interrupted_seq}"
+
+
+def pass_gate(state: RunState, gate: str, out: EventBuilder) -> bool:
+    """At a gate decided ahead of time, record the pause and the decision at once."""
+    early = state.early_decisions.get(gate)
+    if early is None:
+        return False
+    out.add(
+        Interrupted,
+        reason="awaiting_approval",
+        detail_json=canonical_json({"gate": gate}),
+    )
+    by = early.get("by")
+    command_id = early.get("command_id")
+    out.add(
+        Resumed,
+        reason=str(early.get("decision")),
+        by=by if isinstance(by, str) else None,
+        command_id=command_id if isinstance(command_id, str) else None,
+    )
+    out.add(StatePatched, key=GATE_PREFIX + gate, value_json="null")
+    return True

@@ -1,0 +1,116 @@
+"""Tools: plain Python callables with a pydantic args model and a declared contract.
+
+A tool declares whether it has side effects, whether its downstream honors idempotency
+keys, and may offer ``lookup(key)`` so a call left dangling by a crash can be
+reconciled by asking the downstream what happened.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar
+
+from pydantic import BaseModel, JsonValue, ValidationError
+
+from es_agents.core.step import canonical_json
+from es_agents.errors import TerminalToolError
+
+A = TypeVar("A", bound=BaseModel)
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool gets besides its arguments."""
+
+    run_id: str
+    step: int
+    idempotency_key: str  # run_id:step; pass it to the downstream
+    attempt: int = 1
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """What the downstream knows of a key: done (with the result), absent, unknown."""
+
+    status: Literal["done", "absent", "unknown"]
+    result: JsonValue = None
+
+    @classmethod
+    def done(cls, result: JsonValue) -> Lookup:
+        return cls("done", result)
+
+    @classmethod
+    def absent(cls) -> Lookup:
+        return cls("absent")
+
+    @classmethod
+    def unknown(cls) -> Lookup:
+        return cls("unknown")
+
+
+@dataclass(frozen=True)
+class Tool(Generic[A]):
+    name: str
+    fn: Callable[[A, ToolContext], JsonValue]
+    args_model: type[A]
+    description: str = ""
+    side_effect: bool = True
+    honors_idempotency_key: bool = False
+    lookup: Callable[[str], Lookup] | None = None
+    requires_approval: bool = False
+
+    def parse(self, args: dict[str, JsonValue]) -> A:
+        try:
+            return self.args_model.model_validate(args)
+        except ValidationError as e:
+            raise TerminalToolError(f"{self.name}: invalid arguments: {e}") from e
+
+    def __call__(self, args: dict[str, JsonValue], ctx: ToolContext) -> JsonValue:
+        return self.fn(self.parse(args), ctx)
+
+    @property
+    def needs_dedupe_table(self) -> bool:
+        """Side effects, no key honored downstream, no lookup: guard with the table."""
+        return (
+            self.side_effect and not self.honors_idempotency_key and self.lookup is None
+        )
+
+    def schema(self) -> dict[str, JsonValue]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.args_model.model_json_schema(),
+        }
+
+
+def tool(
+    args_model: type[A],
+    *,
+    name: str | None = None,
+    side_effect: bool = True,
+    honors_idempotency_key: bool = False,
+    lookup: Callable[[str], Lookup] | None = None,
+    requires_approval: bool = False,
+) -> Callable[[Callable[[A, ToolContext], JsonValue]], Tool[A]]:
+    """Declare a tool: ``@tool(Args, honors_idempotency_key=True)``."""
+
+    def wrap(fn: Callable[[A, ToolContext], JsonValue]) -> Tool[A]:
+        return Tool(
+            name=name or fn.__name__,
+            fn=fn,
+            args_model=args_model,
+            description=(fn.__doc__ or "").strip(),
+            side_effect=side_effect,
+            honors_idempotency_key=honors_idempotency_key,
+            lookup=lookup,
+            requires_approval=requires_approval,
+        )
+
+    return wrap
+
+
+def tools_hash(tools: list[Tool[BaseModel]] | tuple[Tool[BaseModel], ...]) -> str:
+    schemas = sorted((t.schema() for t in tools), key=lambda s: str(s["name"]))
+    return "sha256:" + hashlib.sha256(canonical_json(schemas).encode()).hexdigest()

@@ -1,0 +1,764 @@
+"""The worker: owns partitions of ``es.commands``, so it owns their runs, and drives
+each run's loop under the step protocol.
+
+Per step: the intention is appended and acknowledged before the action starts; the
+outcome is appended together with the next step's intention (one acknowledgement per
+step) and always before any action that follows from it. A run's loop ends at an
+interrupt or a terminal event and the worker forgets the run: a paused run is a row in
+the log (and a timer row when it sleeps), not a thread.
+
+Runs progress concurrently on a thread pool, one thread per active run, so a slow
+model call never blocks other runs of the partition. No Kafka transaction is held
+across a model or tool call: appends are plain idempotent writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pydantic import JsonValue
+
+from es_agents.adapters.kafka import DeadLetterQueue, KafkaEventLog, KafkaSource
+from es_agents.adapters.postgres import Database, PostgresEffectLedger, PostgresTimers
+from es_agents.agent import Agent
+from es_agents.core.commands import Command, FireTimer, StartRun
+from es_agents.core.events import (
+    Event,
+    Interrupted,
+    ModelCallRequested,
+    ModelResponded,
+    RunCompleted,
+    RunFailed,
+    StatePatched,
+    ToolCallRequested,
+    ToolReturned,
+)
+from es_agents.core.fold import fold, replay
+from es_agents.core.state import PendingModelCall, PendingToolCall, RunState
+from es_agents.core.step import (
+    CallModel,
+    CallTool,
+    EventBuilder,
+    Fail,
+    Finish,
+    Interrupt,
+    PatchState,
+    Refused,
+    canonical_json,
+    decide,
+    messages_hash,
+    pass_gate,
+    start,
+    timer_id,
+)
+from es_agents.errors import (
+    AppendError,
+    DecodeError,
+    EsAgentsError,
+    RetryableToolError,
+    TerminalToolError,
+    Unavailable,
+)
+from es_agents.models import Completion
+from es_agents.settings import Settings
+from es_agents.tools import Lookup, Tool, ToolContext
+
+log = logging.getLogger(__name__)
+
+MODEL_TRIES = 5
+TOOL_TRIES = 3
+
+
+class CrashPoints:
+    """``ES_AGENTS_CRASH_AT=point[@n],...``: SIGKILL this process the n-th time (default
+    first) it passes ``point``. Points: ``before_append:<event>``,
+    ``after_append:<event>``, ``after_action:model``, ``after_action:tool``. Used by the
+    crash tests and the demo to stop a worker at an exact protocol boundary."""
+
+    def __init__(self, spec: str | None) -> None:
+        self._targets: dict[str, int] = {}
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+        for item in (spec or "").split(","):
+            if item.strip():
+                point, _, nth = item.strip().partition("@")
+                self._targets[point] = int(nth or 1)
+
+    @classmethod
+    def from_env(cls) -> CrashPoints:
+        return cls(os.environ.get("ES_AGENTS_CRASH_AT"))
+
+    def hit(self, point: str) -> None:
+        if point not in self._targets:
+            return
+        with self._lock:
+            self._counts[point] = self._counts.get(point, 0) + 1
+            if self._counts[point] == self._targets[point]:
+                log.warning("crash point %s reached: SIGKILL", point)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+
+class OffsetTracker:
+    """Commit a command's offset only when it and every earlier one were applied."""
+
+    def __init__(self) -> None:
+        self._pending: dict[int, set[int]] = {}
+        self._seen: dict[int, int] = {}
+        self._committed: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def begin(self, partition: int, offset: int) -> None:
+        with self._lock:
+            self._pending.setdefault(partition, set()).add(offset)
+            self._seen[partition] = max(self._seen.get(partition, -1), offset)
+
+    def done(self, partition: int, offset: int) -> None:
+        with self._lock:
+            self._pending.get(partition, set()).discard(offset)
+
+    def forget(self, partitions: Sequence[int]) -> None:
+        with self._lock:
+            for p in partitions:
+                self._pending.pop(p, None)
+                self._seen.pop(p, None)
+                self._committed.pop(p, None)
+
+    def to_commit(self) -> dict[int, int]:
+        """Next offsets to commit, for partitions that moved since the last commit."""
+        out: dict[int, int] = {}
+        with self._lock:
+            for p, seen in self._seen.items():
+                pending = self._pending.get(p)
+                next_offset = min(pending) if pending else seen + 1
+                if next_offset > self._committed.get(p, -1):
+                    out[p] = next_offset
+        return out
+
+    def committed(self, offsets: dict[int, int]) -> None:
+        with self._lock:
+            self._committed.update(offsets)
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self._pending.values())
+
+
+@dataclass
+class RunActor:
+    run_id: str
+    partition: int
+    inbox: deque[tuple[Command, int]] = field(default_factory=deque)
+    active: bool = False
+    wake: bool = False
+    stopping: bool = False
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: Settings,
+        agent: Agent,
+        *,
+        group_id: str | None = None,
+        instance_id: str | None = None,
+        until_idle: bool = False,
+        idle_seconds: float = 1.0,
+        threads: int = 64,
+        crash: CrashPoints | None = None,
+    ) -> None:
+        self.settings = settings
+        self.agent = agent
+        self.until_idle = until_idle
+        self.idle_seconds = idle_seconds
+        self.crash = crash if crash is not None else CrashPoints.from_env()
+        kafka = settings.kafka
+        self.log = KafkaEventLog(kafka)
+        self.dlq = DeadLetterQueue(kafka, self.log.link)
+        self.db = Database(settings.database_url.get_secret_value())
+        self.db.migrate()
+        self.ledger = PostgresEffectLedger(self.db)
+        self.timers = PostgresTimers(self.db)
+        self.tracker = OffsetTracker()
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="run")
+        self._lock = threading.Lock()
+        self._actors: dict[str, RunActor] = {}
+        self._recovering: deque[int] = deque()
+        self._busy_recoveries = 0
+        self._assigned = False
+        self._stop = threading.Event()
+        self._fatal: BaseException | None = None
+        self.source: KafkaSource[Command] = KafkaSource(
+            kafka,
+            kafka.commands_topic,
+            group_id or f"{kafka.topic_prefix}.workers",
+            self.log.codec.decode_command,
+            self.dlq,
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            extra={"group.instance.id": instance_id} if instance_id else None,
+        )
+
+    # -- the main loop -----------------------------------------------------------
+    def run(self) -> None:
+        last_message = time.monotonic()
+        last_timers = 0.0
+        try:
+            while not self._stop.is_set():
+                received = self.source.poll(timeout=0.05)
+                for partition, offset in self.source.drain_skipped():
+                    self.tracker.begin(partition, offset)
+                    self.tracker.done(partition, offset)
+                for item in received:
+                    last_message = time.monotonic()
+                    self.tracker.begin(item.partition, item.offset)
+                    self._route(item.message, item.partition, item.offset)
+                self._start_recoveries()
+                now = time.monotonic()
+                if now - last_timers > 0.25:
+                    self.timers.fire_due(self._fire_timer)
+                    last_timers = now
+                self._commit()
+                if self._fatal is not None:
+                    raise self._fatal
+                if (
+                    self.until_idle
+                    and now - last_message > self.idle_seconds
+                    and self._idle()
+                    and self.source.caught_up()
+                ):
+                    log.info("worker idle: exiting")
+                    return
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _idle(self) -> bool:
+        with self._lock:
+            active = any(a.active for a in self._actors.values())
+            recovering = bool(self._recovering) or self._busy_recoveries > 0
+        return (
+            self._assigned
+            and not active
+            and not recovering
+            and (self.tracker.in_flight == 0)
+        )
+
+    def _commit(self) -> None:
+        offsets = self.tracker.to_commit()
+        if offsets:
+            self.source.commit_offsets(offsets)
+            self.tracker.committed(offsets)
+
+    def close(self) -> None:
+        with self._lock:
+            for actor in self._actors.values():
+                actor.stopping = True
+        self._pool.shutdown(wait=True)
+        try:
+            self._commit()
+        finally:
+            self.source.close()
+            self.log.close()
+            self.db.close()
+
+    def _fire_timer(self, timer: str, run_id: str, due_at: datetime) -> None:
+        self.log.send(FireTimer(run_id=run_id, timer_id=timer, due_at=due_at))
+
+    # -- partitions ------------------------------------------------------------------
+    def _on_assign(self, partitions: list[int]) -> None:
+        log.info("assigned partitions %s", partitions)
+        with self._lock:
+            self._assigned = True
+            self._recovering.extend(partitions)
+
+    def _on_revoke(self, partitions: list[int]) -> None:
+        log.info("revoked partitions %s", partitions)
+        with self._lock:
+            for actor in self._actors.values():
+                if actor.partition in partitions:
+                    actor.stopping = True
+        self._commit()
+        self.tracker.forget(partitions)
+
+    def _start_recoveries(self) -> None:
+        with self._lock:
+            todo = list(self._recovering)
+            self._recovering.clear()
+            self._busy_recoveries += len(todo)
+        for partition in todo:
+            self._pool.submit(self._guard, self._recover_partition, partition)
+
+    def _recover_partition(self, partition: int) -> None:
+        """Resume the runs of a partition that were running when it was last owned."""
+        try:
+            states: dict[str, RunState] = {}
+            topic = self.settings.kafka.events_topic
+            for msg in self.log.read_partition(topic, partition):
+                try:
+                    event = self.log.codec.decode_event(msg.value() or b"")
+                except DecodeError as e:
+                    log.error(  # noqa: TRY400 - the reason is in the message
+                        "%s[%d]: skipping undecodable event: %s", topic, partition, e
+                    )
+                    continue
+                state = states.get(event.run_id)
+                if state is None:
+                    state = states[event.run_id] = RunState(run_id=event.run_id)
+                fold(state, event)
+            running = [s.run_id for s in states.values() if s.status == "running"]
+            if running:
+                log.info(
+                    "partition %d: resuming %d running runs", partition, len(running)
+                )
+            for run_id in running:
+                self._activate(self._actor(run_id, partition))
+        finally:
+            with self._lock:
+                self._busy_recoveries -= 1
+
+    # -- runs --------------------------------------------------------------------
+    def _actor(self, run_id: str, partition: int) -> RunActor:
+        with self._lock:
+            actor = self._actors.get(run_id)
+            if actor is None or actor.stopping:
+                actor = self._actors[run_id] = RunActor(run_id, partition)
+            return actor
+
+    def _route(self, command: Command, partition: int, offset: int) -> None:
+        actor = self._actor(command.run_id, partition)
+        with self._lock:
+            actor.inbox.append((command, offset))
+        self._activate(actor)
+
+    def _activate(self, actor: RunActor) -> None:
+        with self._lock:
+            if actor.active:
+                actor.wake = True
+                return
+            actor.active = True
+            actor.wake = False
+        self._pool.submit(self._guard, self._drive, actor)
+
+    def _guard(self, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except BaseException as e:
+            log.exception("worker task failed")
+            self._fatal = e
+            self._stop.set()
+
+    def _drive(self, actor: RunActor) -> None:
+        while True:
+            RunLoop(self, actor).drive()
+            with self._lock:
+                if actor.stopping or not (actor.inbox or actor.wake):
+                    actor.active = False
+                    if not actor.inbox and self._actors.get(actor.run_id) is actor:
+                        del self._actors[actor.run_id]
+                    return
+                actor.wake = False
+
+
+class RunLoop:
+    """One activation of one run: load, apply commands, take steps until it waits."""
+
+    def __init__(self, worker: Worker, actor: RunActor) -> None:
+        self.w = worker
+        self.actor = actor
+        self.agent = worker.agent
+        self.buffer: list[Event] = []
+        events = worker.log.read_run(actor.run_id)
+        self.state: RunState | None = replay(events) if events else None
+
+    # -- appends -------------------------------------------------------------------
+    def add(self, event_type: type[Event], **fields: object) -> Event:
+        if self.state is None:
+            raise EsAgentsError(f"run {self.actor.run_id}: no state to add events to")
+        event = EventBuilder(self.state).add(event_type, **fields)
+        self.buffer.append(event)
+        return event
+
+    def flush(self) -> None:
+        """Make everything buffered durable (one acknowledgement)."""
+        if not self.buffer:
+            return
+        batch, self.buffer = self.buffer, []
+        for event in batch:
+            self.w.crash.hit(f"before_append:{event.wire_name}")
+        try:
+            self.w.log.append(batch)
+        except AppendError:
+            self.state = None  # not durable: forget what we folded
+            raise
+        for event in batch:
+            self.w.crash.hit(f"after_append:{event.wire_name}")
+
+    # -- the loop ------------------------------------------------------------------
+    def drive(self) -> None:
+        while True:
+            self.apply_commands()
+            state = self.state
+            if state is None or state.status != "running" or self.actor.stopping:
+                self.flush()
+                return
+            self.advance(state)
+
+    def apply_commands(self) -> None:
+        w = self.w
+        while True:
+            with w._lock:
+                item = self.actor.inbox.popleft() if self.actor.inbox else None
+            if item is None:
+                return
+            command, offset = item
+            try:
+                self.apply(command)
+                self.flush()
+            except Refused as e:
+                log.warning(
+                    "refused %s for run %s: %s", command.wire_name, command.run_id, e
+                )
+                w.log.link.wait(
+                    [
+                        w.log.link.produce(
+                            w.dlq.topic,
+                            command.run_id,
+                            w.log.codec.encode(command),
+                            [
+                                ("es.dlq.reason", f"refused: {e}".encode()),
+                                (
+                                    "es.dlq.topic",
+                                    w.settings.kafka.commands_topic.encode(),
+                                ),
+                                (
+                                    "es.dlq.partition",
+                                    str(self.actor.partition).encode(),
+                                ),
+                                ("es.dlq.offset", str(offset).encode()),
+                            ],
+                        )
+                    ]
+                )
+            w.tracker.done(self.actor.partition, offset)
+
+    def apply(self, command: Command) -> None:
+        if isinstance(command, StartRun) and self.state is None:
+            if command.agent != self.agent.name:
+                raise Refused(
+                    f"agent {command.agent!r} is not served here "
+                    f"(this worker runs {self.agent.name!r})"
+                )
+            event = start(command, self.agent.versions())
+            self.state = fold(RunState(run_id=command.run_id), event)
+            self.buffer.append(event)
+            return
+        if self.state is not None and self.state.agent != self.agent.name:
+            raise Refused(f"run {command.run_id} belongs to agent {self.state.agent!r}")
+        self.buffer.extend(decide(self.state, command))
+
+    def advance(self, state: RunState) -> None:
+        pending = state.pending
+        if isinstance(pending, PendingToolCall):
+            self.reconcile(state, pending)
+            return
+        step = self.agent.plan(state)
+        if isinstance(pending, PendingModelCall):
+            if not isinstance(step, CallModel):
+                raise EsAgentsError(
+                    f"run {state.run_id}: a model call is pending but "
+                    f"the planner asked for {type(step).__name__}"
+                )
+            self.call_model(state, step, attempt=pending.attempt + 1)
+        elif isinstance(step, CallModel):
+            self.call_model(state, step, attempt=1)
+        elif isinstance(step, CallTool):
+            self.call_tool(state, step)
+        elif isinstance(step, PatchState):
+            self.add(StatePatched, key=step.key, value_json=canonical_json(step.value))
+        elif isinstance(step, Interrupt):
+            self.interrupt(state, step)
+        elif isinstance(step, Finish):
+            self.add(RunCompleted, output_json=canonical_json(step.output))
+            self.flush()
+        elif isinstance(step, Fail):
+            self.add(RunFailed, error=step.error, kind=step.kind)
+            self.flush()
+
+    def interrupt(self, state: RunState, step: Interrupt) -> None:
+        if step.reason == "awaiting_approval" and step.gate is not None:
+            out = EventBuilder(state)
+            if pass_gate(state, step.gate, out):
+                self.buffer.extend(out.events)
+                return
+        detail = {**step.detail, **({"gate": step.gate} if step.gate else {})}
+        event = self.add(
+            Interrupted,
+            reason=step.reason,
+            detail_json=canonical_json(detail),
+            wake_at=step.wake_at,
+        )
+        if step.reason == "sleeping":
+            if step.wake_at is None:
+                raise EsAgentsError(f"run {state.run_id}: sleeping needs wake_at")
+            # The timer row is written before the pause is durable: a crash in
+            # between leaves a timer that wakes nothing, never a sleep without one.
+            self.w.timers.schedule(
+                timer_id(state.run_id, event.seq), state.run_id, step.wake_at
+            )
+        self.flush()
+
+    # -- model steps -----------------------------------------------------------------
+    def call_model(self, state: RunState, step: CallModel, attempt: int) -> None:
+        model = self.agent.model
+        if model is None:
+            raise EsAgentsError(
+                f"agent {self.agent.name} asked for a model but has none"
+            )
+        self.add(
+            ModelCallRequested,
+            step=state.step + 1,
+            messages_hash=messages_hash(step.messages),
+            message_count=len(step.messages),
+            params_json=canonical_json({"model": model.model_id, **step.params}),
+            attempt=attempt,
+        )
+        self.flush()  # write-ahead: the intention (and the last outcome) are durable
+        completion = self._complete(step)
+        self.w.crash.hit("after_action:model")
+        if completion is None:
+            self.add(
+                RunFailed,
+                error="model unavailable after retries",
+                kind="model_unavailable",
+            )
+            self.flush()
+            return
+        self.add(
+            ModelResponded,
+            content=completion.content,
+            tool_calls=completion.tool_calls,
+            finish_reason=completion.finish_reason,
+            usage=completion.usage,
+            model_id=completion.model_id,
+        )
+        # The outcome goes out with the next step's intention: one ack per step.
+
+    def _complete(self, step: CallModel) -> Completion | None:
+        model = self.agent.model
+        if model is None:
+            return None
+        for attempt in range(MODEL_TRIES):
+            try:
+                return model.complete(step.messages, step.params)
+            except (Unavailable, RetryableToolError) as e:
+                log.warning("model call failed (%s); retrying", e)
+                time.sleep(min(0.2 * 2**attempt, 5))
+        return None
+
+    # -- tool steps ------------------------------------------------------------------
+    def call_tool(self, state: RunState, step: CallTool) -> None:
+        number = state.step + 1
+        key = f"{state.run_id}:{number}"
+        tool = self.agent.tools.get(step.tool)
+        self.add(
+            ToolCallRequested,
+            step=number,
+            call_id=step.call_id,
+            tool=step.tool,
+            args_json=canonical_json(step.args),
+            idempotency_key=key,
+            side_effect=tool.side_effect if tool is not None else False,
+        )
+        self.flush()  # write-ahead: nothing happens downstream before this is durable
+        result: Any
+        error: str | None
+        if tool is None:
+            result, error = None, f"unknown tool {step.tool!r}"
+        else:
+            ctx = ToolContext(state.run_id, number, key)
+            result, error = self.invoke(tool, step.args, ctx)
+        self.w.crash.hit("after_action:tool")
+        if result is _UNCERTAIN:
+            self.uncertain(state, key, step.tool, step.call_id)
+            return
+        self.add(ToolReturned, call_id=step.call_id, result_json=result, error=error)
+
+    def invoke(
+        self,
+        tool: Tool[Any],
+        args: dict[str, JsonValue],
+        ctx: ToolContext,
+    ) -> tuple[Any, str | None]:
+        """Call the tool (through the dedupe table when it needs one)."""
+        ledger = self.w.ledger
+        if tool.needs_dedupe_table:
+            record = ledger.begin(ctx.idempotency_key, ctx.run_id, ctx.step, tool.name)
+            if record.status == "done":
+                return record.result_json, record.error
+            if record.status == "started":
+                return _UNCERTAIN, None
+        result, error = self._call(tool, args, ctx)
+        if tool.needs_dedupe_table:
+            ledger.finish(ctx.idempotency_key, result, error)
+        return result, error
+
+    def _call(
+        self,
+        tool: Tool[Any],
+        args: dict[str, JsonValue],
+        ctx: ToolContext,
+    ) -> tuple[str | None, str | None]:
+        for attempt in range(1, TOOL_TRIES + 1):
+            try:
+                return canonical_json(tool(args, ctx)), None
+            except RetryableToolError as e:
+                if attempt == TOOL_TRIES:
+                    return None, f"retryable error, gave up after {attempt} tries: {e}"
+                time.sleep(
+                    e.retry_after if e.retry_after is not None else 0.2 * attempt
+                )
+            except TerminalToolError as e:
+                return None, str(e)
+            except Exception as e:
+                return None, f"{type(e).__name__}: {e}"
+        return None, "unreachable"
+
+    def reconcile(  # noqa: PLR0911 - one return per reconciliation outcome
+        self, state: RunState, pending: PendingToolCall
+    ) -> None:
+        """A ``tool_call_requested`` with no outcome: find out what happened by key."""
+        key = pending.idempotency_key
+        resume = state.last_resume
+        if resume is not None and resume.seq > pending.seq and resume.reason == "input":
+            # A person settled an uncertain effect by giving the result.
+            self.add(
+                ToolReturned,
+                call_id=pending.call_id,
+                result_json=resume.input_json,
+                reconciled=True,
+            )
+            return
+        tool = self.agent.tools.get(pending.tool)
+        ctx = ToolContext(state.run_id, pending.step, key, attempt=2)
+        args = _args(pending.args_json)
+        if tool is None:
+            self.add(
+                ToolReturned,
+                call_id=pending.call_id,
+                error=f"unknown tool {pending.tool!r}",
+                reconciled=True,
+            )
+            return
+        if not tool.side_effect:
+            result, error = self._call(tool, args, ctx)
+            self.add(
+                ToolReturned,
+                call_id=pending.call_id,
+                result_json=result,
+                error=error,
+                reconciled=True,
+            )
+            return
+        if tool.lookup is not None:
+            found = tool.lookup(key)
+            if found.status == "done":
+                self.add(
+                    ToolReturned,
+                    call_id=pending.call_id,
+                    result_json=canonical_json(found.result),
+                    reconciled=True,
+                )
+                return
+            if found.status == "absent" and tool.honors_idempotency_key:
+                result, error = self._call(tool, args, ctx)
+                self.add(
+                    ToolReturned,
+                    call_id=pending.call_id,
+                    result_json=result,
+                    error=error,
+                    reconciled=True,
+                )
+                return
+            self.uncertain(state, key, pending.tool, pending.call_id, found)
+            return
+        if tool.honors_idempotency_key:
+            # The downstream dedupes by key: calling again returns the first result.
+            result, error = self._call(tool, args, ctx)
+            self.add(
+                ToolReturned,
+                call_id=pending.call_id,
+                result_json=result,
+                error=error,
+                reconciled=True,
+            )
+            return
+        record = self.w.ledger.get(key)
+        if record is None:  # the call never started: the ledger row comes first
+            result, error = self.invoke(tool, args, ctx)
+            if result is _UNCERTAIN:
+                self.uncertain(state, key, pending.tool, pending.call_id)
+                return
+            self.add(
+                ToolReturned,
+                call_id=pending.call_id,
+                result_json=result,
+                error=error,
+                reconciled=True,
+            )
+        elif record.status == "done":
+            self.add(
+                ToolReturned,
+                call_id=pending.call_id,
+                result_json=record.result_json,
+                error=record.error,
+                reconciled=True,
+            )
+        else:
+            self.uncertain(state, key, pending.tool, pending.call_id)
+
+    def uncertain(
+        self,
+        state: RunState,
+        key: str,
+        tool: str,
+        call_id: str,
+        found: Lookup | None = None,
+    ) -> None:
+        """Neither the downstream nor the ledger can tell: a person decides."""
+        self.add(
+            Interrupted,
+            reason="uncertain_effect",
+            detail_json=canonical_json(
+                {
+                    "idempotency_key": key,
+                    "tool": tool,
+                    "call_id": call_id,
+                    "lookup": found.status if found is not None else None,
+                    "resolve": "es-agents provide-input RUN --input '<result JSON>'",
+                }
+            ),
+        )
+        self.flush()
+
+
+_UNCERTAIN: Any = object()
+
+
+def _args(args_json: str) -> dict[str, JsonValue]:
+    import json  # noqa: PLC0415
+
+    value = json.loads(args_json)
+    return value if isinstance(value, dict) else {"_value": value}

@@ -1,0 +1,1 @@
+"""Example agents and services used by the demo and the tests."""
