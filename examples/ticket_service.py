@@ -60,13 +60,14 @@ def make_handler(pool: ConnectionPool[Any]) -> type[BaseHTTPRequestHandler]:
                 row = conn.execute(
                     "INSERT INTO demo_tickets (idempotency_key, title) VALUES (%s, %s) "
                     "ON CONFLICT (idempotency_key) DO NOTHING "
-                    "RETURNING id, idempotency_key, title, created_at",  # noqa: S608 - constant
+                    "RETURNING id, idempotency_key, title, created_at",
                     (key, title),
                 ).fetchone()
                 created = row is not None
                 if row is None:
                     row = conn.execute(
-                        "SELECT id, idempotency_key, title, created_at FROM demo_tickets "
+                        "SELECT id, idempotency_key, title, created_at "
+                        "FROM demo_tickets "
                         "WHERE idempotency_key = %s",
                         (key,),
                     ).fetchone()
@@ -83,7 +84,8 @@ def make_handler(pool: ConnectionPool[Any]) -> type[BaseHTTPRequestHandler]:
             elif url.path == "/tickets" and "idempotency_key" in query:
                 with pool.connection() as conn:
                     row = conn.execute(
-                        "SELECT id, idempotency_key, title, created_at FROM demo_tickets "
+                        "SELECT id, idempotency_key, title, created_at "
+                        "FROM demo_tickets "
                         "WHERE idempotency_key = %s",
                         (query["idempotency_key"][0],),
                     ).fetchone()
