@@ -456,12 +456,11 @@ def migrate(print_only: bool) -> None:
 
 
 @cli.command()
-@click.option("--steps", type=int, default=5, show_default=True)
-def demo(steps: int) -> None:
-    """Append a run's events to the real log, read them back, fold and print them."""
-    from es_agents.demo import run_log_demo  # noqa: PLC0415
+def demo() -> None:
+    """The research agent through an approval gate and a worker crash (real stack)."""
+    from es_agents.demo import run_demo  # noqa: PLC0415
 
-    if not run_log_demo(steps=steps, echo=click.echo):
+    if not run_demo(echo=click.echo):
         sys.exit(1)
 
 

@@ -1,20 +1,29 @@
-"""``es-agents demo``: the log end to end on the real stack.
+"""``es-agents demo``: the mission's research agent through a gate and a crash.
 
-Appends one run's events (a model call that asks for a tool, the tool call, an approval
-gate, the approval, the answer) with write-ahead acknowledgements, reads them back from
-Kafka, folds them, and checks that what came back is what went in.
+On the real stack: a run asks the ticketing service for a ticket behind an approval
+gate; its worker process exits at the gate (the run is a row); an approval arrives as
+a command; the next worker is SIGKILLed after the ticket was created and before
+``tool_returned`` was appended; a fresh worker reconciles the call by its idempotency
+key and the run completes with exactly one ticket. ``script`` builds a synthetic log
+for tests and examples.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
+import os
+import subprocess
+import sys
 import time
+import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from es_agents.adapters.kafka import KafkaEventLog, ensure_topics
 from es_agents.core import replay
+from es_agents.core.commands import StartRun
 from es_agents.core.events import (
     Event,
     Interrupted,
@@ -105,42 +114,208 @@ def script(run_id: str, steps: int) -> list[Event]:
     return events
 
 
-def run_log_demo(steps: int, echo: Callable[[str], None]) -> bool:
-    settings = load_settings().kafka
-    ensure_topics(settings)
-    log = KafkaEventLog(settings)
-    run_id = f"run-{uuid.uuid4().hex[:8]}"
-    events = script(run_id, steps)
+ROOT = Path(__file__).resolve().parent.parent
+AGENT = "examples.research:agent"
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, **extra}
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(ROOT), env.get("PYTHONPATH")])
+    )
+    return env
+
+
+@contextmanager
+def ticket_service(database_url: str, port: int = 18080) -> Iterator[str]:
+    """The example ticketing service as a child process; yields its URL."""
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "examples.ticket_service",
+            "--port",
+            str(port),
+            "--database-url",
+            database_url,
+        ],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
-        acks_ms: list[float] = []
-        for event in events:
-            started = time.perf_counter()
-            (position,) = log.append([event])
-            acks_ms.append((time.perf_counter() - started) * 1000)
-            echo(
-                f"appended {event.wire_name:<22} seq {event.seq:>3} -> "
-                f"{position.topic}[{position.partition}]@{position.offset}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1):  # noqa: S310
+                    break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    err = proc.stderr.read().decode() if proc.stderr else ""
+                    raise RuntimeError(f"ticket service did not start: {err}") from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def ticket_stats(url: str, prefix: str) -> dict[str, int]:
+    with urllib.request.urlopen(
+        f"{url}/tickets/stats?prefix={prefix}",  # noqa: S310
+        timeout=5,
+    ) as response:
+        stats: dict[str, int] = json.loads(response.read())
+        return stats
+
+
+def run_worker(
+    env: dict[str, str],
+    agent: str = AGENT,
+    instance_id: str = "demo-worker",
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """One worker process that exits once idle (or is killed at a crash point)."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "es_agents.cli",
+            "worker",
+            "--agent",
+            agent,
+            "--until-idle",
+            "--instance-id",
+            instance_id,
+        ],
+        cwd=ROOT,
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "es_agents.cli", *args],
+        cwd=ROOT,
+        env=_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def run_demo(echo: Callable[[str], None]) -> bool:
+    settings = load_settings()
+    ensure_topics(settings.kafka)
+    work = ROOT / ".es-dev" / "demo"
+    work.mkdir(parents=True, exist_ok=True)
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    calls_log = work / f"model-calls-{run_id}.jsonl"
+    log = KafkaEventLog(settings.kafka)
+    try:
+        with ticket_service(settings.database_url.get_secret_value()) as url:
+            env = {
+                "ES_AGENTS_MODEL_CALLS_LOG": str(calls_log),
+                "ES_AGENTS_TICKETS_URL": url,
+            }
+            echo(f"ticketing service: {url} (tickets in Postgres, Idempotency-Key)")
+            log.send(
+                StartRun(
+                    run_id=run_id,
+                    agent="research",
+                    input_json=json.dumps({"topic": "durable agents"}),
+                )
             )
-        back = log.read_run(run_id)
+            echo(f"1. start_run {run_id}")
+
+            first = run_worker(env)
+            state = replay(log.read_run(run_id))
+            waiting = state.waiting
+            echo(
+                f"2. worker exited with code {first.returncode}; the run is a row: "
+                f"{state.status}, {waiting.reason if waiting else '-'} at gate "
+                f"{waiting.gate if waiting else '-'}"
+            )
+
+            approved = cli(env, "approve", run_id, "--by", "alice")
+            echo(
+                f"3. es-agents approve {run_id} --by alice -> {approved.stdout.strip()}"
+            )
+
+            crashed = run_worker({**env, "ES_AGENTS_CRASH_AT": "after_action:tool"})
+            state = replay(log.read_run(run_id))
+            echo(
+                f"4. worker SIGKILLed after the ticket call, before tool_returned: "
+                f"exit {crashed.returncode}; dangling {type(state.pending).__name__}"
+                f" key {getattr(state.pending, 'idempotency_key', '-')}"
+            )
+
+            last = run_worker(env)
+            events = log.read_run(run_id)
+            state = replay(events)
+            echo(
+                f"5. a fresh worker reconciled by key and finished: exit "
+                f"{last.returncode}, run {state.status}"
+            )
+            stats = ticket_stats(url, run_id)
     finally:
         log.close()
-    state = replay(back)
+
+    echo("\ntimeline:")
+    for event in events:
+        echo(
+            f"  {event.seq:>3} step {event.step:>2}  {event.wire_name:<21} "
+            f"{_detail(event)}"
+        )
+    issued = [json.loads(line) for line in calls_log.read_text().splitlines()]
+    hashes = [c["hash"] for c in issued]
+    recorded = sum(isinstance(e, ModelResponded) for e in events)
     sizes = [len(log.codec.encode(e)) for e in events]
     checks = {
-        "every event read back, in order": back == events,
-        "seq contiguous from 0": [e.seq for e in back] == list(range(len(events))),
-        "fold reaches completed": state.status == "completed",
-        "tool calls folded": state.tool_calls == steps,
+        "first worker exited at the gate (code 0)": first.returncode == 0,
+        "second worker was SIGKILLed at the crash point": crashed.returncode == -9,
+        "approval applied once": approved.returncode == 0,
+        f"tickets for the run: {stats['tickets']} (one per key)": stats["tickets"] == 1,
+        "the dangling call was reconciled, not re-issued": state.reconciled_calls == 1,
+        f"model calls issued {len(issued)} = recorded {recorded}": len(issued)
+        == recorded,
+        "no recorded completion re-issued": len(set(hashes)) == len(hashes),
+        "run completed": state.status == "completed",
     }
     echo(
-        f"run {run_id}: {len(back)} events, status {state.status}, "
-        f"{state.prompt_tokens + state.completion_tokens} tokens"
-    )
-    echo(
-        f"append ack p50 {statistics.median(acks_ms):.2f} ms, "
-        f"mean event {statistics.mean(sizes):.0f} bytes"
+        f"\n{len(events)} events for {state.step} steps "
+        f"({len(events) / max(state.step, 1):.1f} per step), "
+        f"{sum(sizes) / max(state.step, 1):.0f} log bytes per step"
     )
     for name, ok in checks.items():
         echo(f"[{'ok' if ok else 'FAIL'}] {name}")
     echo(f"audit it: es-agents replay {run_id}")
+    if not all(checks.values()):
+        for proc in (first, crashed, last):
+            echo(proc.stderr[-3000:])
     return all(checks.values())
+
+
+def _detail(event: Event) -> str:
+    if isinstance(event, ToolCallRequested):
+        return f"{event.tool} key={event.idempotency_key}"
+    if isinstance(event, ToolReturned):
+        return ("reconciled " if event.reconciled else "") + (event.result_json or "")[
+            :60
+        ]
+    if isinstance(event, ModelResponded):
+        if event.tool_calls:
+            return "asks for " + ", ".join(c.name for c in event.tool_calls)
+        return (event.content or "")[:60]
+    if isinstance(event, Interrupted):
+        return f"{event.reason} {event.detail_json[:60]}"
+    if isinstance(event, Resumed):
+        return f"{event.reason} by {event.by}"
+    return ""
