@@ -166,18 +166,21 @@ def _send_checked(command: Command) -> None:
     The worker checks again when it applies it; this check gives the person a clear
     error now instead of a DLQ entry later.
     """
-    from es_agents.core.step import Refused, decide  # noqa: PLC0415
+    from es_agents.core import RunState, fold  # noqa: PLC0415
+    from es_agents.core.commands import StartRun  # noqa: PLC0415
+    from es_agents.core.step import Refused, decide, start  # noqa: PLC0415
 
     log = _log()
     try:
         state = _state_of(log, command.run_id)
         # Commands sent but not applied yet count too: two approvals sent a moment
-        # apart must not both pass this check.
-        if state is not None:
-            for earlier in log.read_commands(command.run_id):
-                if earlier.command_id not in state.command_ids:
-                    with contextlib.suppress(Refused):  # refused by the worker too
-                        decide(state, earlier)
+        # apart must not both pass this check, and a run just started exists.
+        for earlier in log.read_commands(command.run_id):
+            if state is None and isinstance(earlier, StartRun):
+                state = fold(RunState(run_id=earlier.run_id), start(earlier))
+            elif state is not None and earlier.command_id not in state.command_ids:
+                with contextlib.suppress(Refused):  # refused by the worker too
+                    decide(state, earlier)
         try:
             if not decide(state, command):
                 click.echo(
@@ -239,6 +242,11 @@ def worker(  # noqa: PLR0917 - click passes options positionally
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("es_agents.librdkafka").setLevel(logging.ERROR)
+    import faulthandler  # noqa: PLC0415
+
+    faulthandler.register(
+        signal.SIGUSR1
+    )  # `kill -USR1 PID` prints every thread's stack
     sys.path.insert(0, os.getcwd())  # agents usually live in the project, like app dirs
     agent = load_agent(agent_spec)
     settings = load_settings()

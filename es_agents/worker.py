@@ -610,6 +610,7 @@ class RunLoop:
                 return record.result_json, record.error
             if record.status == "started":
                 return _UNCERTAIN, None
+            self.w.crash.hit("after_claim:tool")
         result, error = self._call(tool, args, ctx)
         if tool.needs_dedupe_table:
             ledger.finish(ctx.idempotency_key, result, error)

@@ -404,8 +404,15 @@ class KafkaSource(Generic[T]):
         self._decode: Callable[[bytes], T] = decode
         self._dlq = dlq
         self._consumer = Consumer(
-            _client({**settings.consumer_config(group_id), **(extra or {})})
+            _client(
+                {
+                    **settings.consumer_config(group_id),
+                    "enable.partition.eof": True,
+                    **(extra or {}),
+                }
+            )
         )
+        self._at_end: set[int] = set()
         self._skipped: list[tuple[int, int]] = []
         self._on_assign = on_assign
         self._on_revoke = on_revoke
@@ -418,6 +425,7 @@ class KafkaSource(Generic[T]):
         self.dead_lettered = 0
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._at_end -= {p.partition for p in partitions}
         if self._on_assign is not None:
             self._on_assign([p.partition for p in partitions])
 
@@ -429,11 +437,15 @@ class KafkaSource(Generic[T]):
         out: list[Received[T]] = []
         for msg in self._consumer.consume(num_messages=max_messages, timeout=timeout):
             err = msg.error()
+            if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                self._at_end.add(where(msg)[1])
+                continue
             if err is not None:
                 if err.fatal():
                     raise Unavailable(f"{self.topic}: fatal consumer error: {err}")
                 log.warning("%s: consumer error: %s", self.topic, err)
                 continue
+            self._at_end.discard(where(msg)[1])
             try:
                 message = self._decode(msg.value() or b"")
             except DecodeError as e:
@@ -453,17 +465,10 @@ class KafkaSource(Generic[T]):
         )
 
     def caught_up(self) -> bool:
-        """True when assigned and every assigned partition was read to its end."""
-        assignment = self._consumer.assignment()
-        if not assignment:
-            return False
-        positions = self._consumer.position(assignment)
-        for tp in positions:
-            low, high = _watermarks(self._consumer, tp)
-            position = tp.offset if tp.offset >= 0 else low
-            if position < high:
-                return False
-        return True
+        """True when assigned and every assigned partition was read to its end
+        (librdkafka's partition-EOF events, so this asks the broker nothing)."""
+        assignment = {tp.partition for tp in self._consumer.assignment()}
+        return bool(assignment) and assignment <= self._at_end
 
     def drain_skipped(self) -> list[tuple[int, int]]:
         """(partition, offset) of messages dead-lettered since the last call."""

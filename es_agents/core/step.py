@@ -155,7 +155,11 @@ def decide(  # noqa: PLR0912 - one branch per command and verdict
     if isinstance(command, Approve | Reject):
         _decide_gate(state, command, out)
     elif isinstance(command, ProvideInput):
-        if state.waiting is None or state.waiting.reason != "awaiting_input":
+        # Input answers a question, or settles an uncertain effect with its result.
+        if state.waiting is None or state.waiting.reason not in (
+            "awaiting_input",
+            "uncertain_effect",
+        ):
             raise Refused(
                 f"run {state.run_id} is not waiting for input ({_doing(state)})"
             )

@@ -1,0 +1,103 @@
+"""Agents for the runtime tests, imported by worker processes (``tests.agents:...``).
+
+``crashy``: search (no side effect), create_ticket (key honored downstream, lookup),
+send_email (side effect, no key, no lookup: guarded by the dedupe table), then answer.
+``sleepy``: sleeps until ``started_at + input.sleep_seconds``, then finishes.
+``gated``: the research agent with its approval gate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+from pathlib import Path
+
+import psycopg
+from pydantic import BaseModel, JsonValue
+
+from es_agents.agent import ToolAgent
+from es_agents.core.state import RunState
+from es_agents.core.step import Finish, Interrupt, Step
+from es_agents.models import ModelClient, ScriptedModel, call, reply
+from es_agents.tools import Tool, ToolContext, tool
+from examples import research
+
+_calls = os.environ.get("ES_AGENTS_MODEL_CALLS_LOG")
+CALLS_LOG = Path(_calls) if _calls else None
+
+
+class EmailArgs(BaseModel):
+    to: str
+    body: str
+
+
+@tool(EmailArgs)
+def send_email(args: EmailArgs, ctx: ToolContext) -> JsonValue:
+    """Send an email: a downstream that knows nothing of idempotency keys."""
+    url = os.environ["ES_AGENTS_DATABASE_URL"]
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS test_emails (id bigserial PRIMARY KEY, "
+            "run_key text NOT NULL, recipient text NOT NULL)"
+        )
+        conn.execute(
+            "INSERT INTO test_emails (run_key, recipient) VALUES (%s, %s)",
+            (ctx.idempotency_key, args.to),
+        )
+    return {"sent": args.to}
+
+
+ungated_ticket: Tool[research.TicketArgs] = Tool(
+    name="create_ticket",
+    fn=research.create_ticket.fn,
+    args_model=research.TicketArgs,
+    honors_idempotency_key=True,
+    lookup=research.lookup_ticket,
+)
+
+CRASHY_SCRIPT = [
+    call("search", "c1", query="crash points"),
+    call("create_ticket", "c2", title="Crash-safe ticket"),
+    call("send_email", "c3", to="ops@example.com", body="ticket filed"),
+    reply("done: one ticket, one email"),
+]
+
+crashy = ToolAgent(
+    name="crashy",
+    system_prompt="Search, file a ticket, email ops, answer.",
+    model=ScriptedModel(CRASHY_SCRIPT, model_id="scripted-crashy", calls_log=CALLS_LOG),
+    tool_list=[research.search, ungated_ticket, send_email],
+)
+
+gated = ToolAgent(
+    name="research",
+    system_prompt=research.agent.system_prompt,
+    model=ScriptedModel(
+        research.SCRIPT, model_id="scripted-research", calls_log=CALLS_LOG
+    ),
+    tool_list=[research.search, research.create_ticket],
+)
+
+
+class Sleepy:
+    """A planner that sleeps once, then finishes."""
+
+    name = "sleepy"
+    tools: dict[str, Tool[BaseModel]] = {}  # noqa: RUF012 - read-only
+    model: ModelClient | None = None
+
+    def plan(self, state: RunState) -> Step:
+        if state.last_resume is not None and state.last_resume.reason == "timer":
+            return Finish({"woke_at_seq": state.last_resume.seq})
+        seconds = float(json.loads(state.input_json).get("sleep_seconds", 1))
+        assert state.started_at is not None
+        return Interrupt(
+            "sleeping", wake_at=state.started_at + timedelta(seconds=seconds)
+        )
+
+    def versions(self) -> dict[str, str | int]:
+        return {"agent_version": "sleepy@1"}
+
+
+sleepy = Sleepy()
