@@ -463,6 +463,23 @@ def migrate(print_only: bool) -> None:
         click.echo("nothing to apply")
 
 
+@cli.group()
+def bench() -> None:
+    """Benchmarks that print figures (medians and ratios from one run)."""
+
+
+@bench.command("steps")
+@click.option("--steps", type=int, default=1000, show_default=True)
+def bench_steps_command(steps: int) -> None:
+    """Per-step cost of the protocol vs raw produce+flush, and log bytes per step."""
+    import logging  # noqa: PLC0415
+
+    from es_agents.bench import bench_steps  # noqa: PLC0415
+
+    logging.getLogger("es_agents.worker").setLevel(logging.WARNING)
+    bench_steps(steps, click.echo)
+
+
 @cli.command()
 def demo() -> None:
     """The research agent through an approval gate and a worker crash (real stack)."""

@@ -190,6 +190,8 @@ class Worker:
         self.ledger = PostgresEffectLedger(self.db)
         self.timers = PostgresTimers(self.db)
         self.tracker = OffsetTracker()
+        # Milliseconds per acknowledged append (one per step), for benchmarks.
+        self.append_ms: deque[float] = deque(maxlen=100_000)
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="run")
         self._lock = threading.Lock()
         self._actors: dict[str, RunActor] = {}
@@ -398,11 +400,13 @@ class RunLoop:
         batch, self.buffer = self.buffer, []
         for event in batch:
             self.w.crash.hit(f"before_append:{event.wire_name}")
+        started = time.perf_counter()
         try:
             self.w.log.append(batch)
         except AppendError:
             self.state = None  # not durable: forget what we folded
             raise
+        self.w.append_ms.append((time.perf_counter() - started) * 1000)
         for event in batch:
             self.w.crash.hit(f"after_append:{event.wire_name}")
 
