@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -130,6 +131,9 @@ def _env(**extra: str) -> dict[str, str]:
 def ticket_service(database_url: str, port: int = 18080) -> Iterator[str]:
     """The example ticketing service as a child process; yields its URL."""
     url = f"http://127.0.0.1:{port}"
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", port)) == 0:
+            raise RuntimeError(f"port {port} is taken: stop what listens there")
     proc = subprocess.Popen(
         [
             sys.executable,
