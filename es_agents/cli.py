@@ -385,15 +385,33 @@ def _summary(state: RunState) -> dict[str, object]:
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True)
 def status(run_id: str, as_json: bool) -> None:
-    """A run's status, step, what it waits for, and its versions."""
+    """A run's status, step, what it waits for, and its versions.
+
+    Read like a worker resumes it: the latest snapshot in Postgres, the projected
+    events after it, and the log beyond the projector's offset.
+    """
+    from es_agents.adapters.postgres import Database  # noqa: PLC0415
+    from es_agents.resume import RunLoader  # noqa: PLC0415
+    from es_agents.settings import load_settings  # noqa: PLC0415
+
+    settings = load_settings()
     log = _log()
+    db = Database(settings.database_url.get_secret_value(), max_size=2)
     try:
-        state = _state_of(log, run_id)
+        db.migrate()
+        loaded = RunLoader(db, log, settings.projector_group_id).load(run_id)
     finally:
         log.close()
+        db.close()
+    state = loaded.state
     if state is None:
         raise click.ClickException(f"unknown run {run_id}")
     summary = _summary(state)
+    summary["loaded_from"] = {
+        "snapshot_seq": loaded.snapshot_seq,
+        "events_from_postgres": loaded.events_from_db,
+        "events_from_log": loaded.events_from_log,
+    }
     if as_json:
         _echo_json(summary)
         return
@@ -404,38 +422,64 @@ def status(run_id: str, as_json: bool) -> None:
 
 @cli.command()
 @click.option(
+    "--until-caught-up",
+    is_flag=True,
+    help="Exit once every assigned partition is projected to its end.",
+)
+@click.option("--batch", type=int, default=2000, show_default=True)
+def projector(until_caught_up: bool, batch: int) -> None:
+    """Project es.events into Postgres: runs, run_events, run_snapshots (exactly once)."""
+    import logging  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    from es_agents.adapters.kafka import ensure_topics  # noqa: PLC0415
+    from es_agents.settings import load_settings  # noqa: PLC0415
+    from projectors.runs import Projector  # noqa: PLC0415
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("es_agents.librdkafka").setLevel(logging.ERROR)
+    settings = load_settings()
+    ensure_topics(settings.kafka)
+    p = Projector(settings, batch_size=batch)
+    signal.signal(signal.SIGTERM, lambda *_: p.stop())
+    p.run(until_caught_up=until_caught_up)
+    click.echo(f"projected {p.projected} events", err=True)
+
+
+@cli.command()
+@click.option(
     "--status",
     "status_filter",
     type=click.Choice(["running", "paused", "blocked", "completed", "failed"]),
 )
 @click.option("--json", "as_json", is_flag=True)
 def runs(status_filter: str | None, as_json: bool) -> None:
-    """Every run in the log (folded from the topic), optionally by status."""
-    from es_agents.core import RunState as State  # noqa: PLC0415
-    from es_agents.core.fold import fold as fold_one  # noqa: PLC0415
+    """Runs from the `runs` table (as of the projector), optionally by status."""
+    from es_agents.adapters.postgres import Database  # noqa: PLC0415
+    from es_agents.settings import load_settings  # noqa: PLC0415
 
-    log = _log()
-    states: dict[str, State] = {}
+    db = Database(load_settings().database_url.get_secret_value(), max_size=2)
     try:
-        for partition in range(log.settings.partitions):
-            for msg in log.read_partition(log.settings.events_topic, partition):
-                event = log.codec.decode_event(msg.value() or b"")
-                state = states.setdefault(event.run_id, State(run_id=event.run_id))
-                fold_one(state, event)
+        db.migrate()
+        with db.transaction() as conn:
+            cur = conn.execute(
+                "SELECT run_id, agent, status, step, last_seq + 1 AS events, "
+                "waiting_reason, waiting_gate, updated_at FROM runs "
+                "WHERE %(status)s::text IS NULL OR status = %(status)s "
+                "ORDER BY updated_at DESC",
+                {"status": status_filter},
+            )
+            names = [d.name for d in cur.description or []]
+            rows = [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
     finally:
-        log.close()
-    rows = [
-        _summary(s)
-        for s in states.values()
-        if status_filter is None or s.status == status_filter
-    ]
+        db.close()
     if as_json:
         for row in rows:
             _echo_json(row)
         return
-    _table(
-        rows, ["run_id", "agent", "status", "step", "events", "waiting", "updated_at"]
-    )
+    _table(rows, names)
 
 
 @cli.command()

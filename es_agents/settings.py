@@ -129,6 +129,13 @@ class Settings(BaseSettings):
     snapshot_every: int = Field(
         default=100, ge=1, description="K: snapshot every K events"
     )
+    projector_group: str | None = Field(
+        default=None, description="The projector's consumer group (PREFIX.projector)"
+    )
+
+    @property
+    def projector_group_id(self) -> str:
+        return self.projector_group or f"{self.kafka.topic_prefix}.projector"
 
 
 def load_settings(**overrides: object) -> Settings:

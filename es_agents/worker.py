@@ -15,8 +15,6 @@ across a model or tool call: appends are plain idempotent writes.
 from __future__ import annotations
 
 import logging
-import os
-import signal
 import threading
 import time
 from collections import deque
@@ -61,6 +59,8 @@ from es_agents.core.step import (
     start,
     timer_id,
 )
+from es_agents.crash import CrashPoints
+from es_agents.resume import RunLoader
 from es_agents.errors import (
     AppendError,
     DecodeError,
@@ -77,35 +77,6 @@ log = logging.getLogger(__name__)
 
 MODEL_TRIES = 5
 TOOL_TRIES = 3
-
-
-class CrashPoints:
-    """``ES_AGENTS_CRASH_AT=point[@n],...``: SIGKILL this process the n-th time (default
-    first) it passes ``point``. Points: ``before_append:<event>``,
-    ``after_append:<event>``, ``after_action:model``, ``after_action:tool``. Used by the
-    crash tests and the demo to stop a worker at an exact protocol boundary."""
-
-    def __init__(self, spec: str | None) -> None:
-        self._targets: dict[str, int] = {}
-        self._counts: dict[str, int] = {}
-        self._lock = threading.Lock()
-        for item in (spec or "").split(","):
-            if item.strip():
-                point, _, nth = item.strip().partition("@")
-                self._targets[point] = int(nth or 1)
-
-    @classmethod
-    def from_env(cls) -> CrashPoints:
-        return cls(os.environ.get("ES_AGENTS_CRASH_AT"))
-
-    def hit(self, point: str) -> None:
-        if point not in self._targets:
-            return
-        with self._lock:
-            self._counts[point] = self._counts.get(point, 0) + 1
-            if self._counts[point] == self._targets[point]:
-                log.warning("crash point %s reached: SIGKILL", point)
-                os.kill(os.getpid(), signal.SIGKILL)
 
 
 class OffsetTracker:
@@ -189,6 +160,7 @@ class Worker:
         self.db.migrate()
         self.ledger = PostgresEffectLedger(self.db)
         self.timers = PostgresTimers(self.db)
+        self.loader = RunLoader(self.db, self.log, settings.projector_group_id)
         self.tracker = OffsetTracker()
         # Milliseconds per acknowledged append (one per step), for benchmarks.
         self.append_ms: deque[float] = deque(maxlen=100_000)
@@ -304,8 +276,25 @@ class Worker:
             self._pool.submit(self._guard, self._recover_partition, partition)
 
     def _recover_partition(self, partition: int) -> None:
-        """Resume the runs of a partition that were running when it was last owned."""
+        """Resume the runs of a partition that were running when it was last owned.
+
+        With a projection: the runs the ``runs`` table says are running, plus every
+        run with events past the projector's offset (each loads in O(K) and stops at
+        once if it is not running). Without one: fold the whole partition.
+        """
         try:
+            projected = self.loader.projected_until(partition)
+            if projected > 0:
+                candidates = self._running_in_projection(partition)
+                for msg in self.log.read_partition(
+                    self.settings.kafka.events_topic, partition, projected
+                ):
+                    key = msg.key()
+                    if isinstance(key, bytes):
+                        candidates.add(key.decode())
+                for run_id in sorted(candidates):
+                    self._activate(self._actor(run_id, partition))
+                return
             states: dict[str, RunState] = {}
             topic = self.settings.kafka.events_topic
             for msg in self.log.read_partition(topic, partition):
@@ -330,6 +319,14 @@ class Worker:
         finally:
             with self._lock:
                 self._busy_recoveries -= 1
+
+    def _running_in_projection(self, partition: int) -> set[str]:
+        with self.db.transaction() as conn:
+            rows = conn.execute(
+                "SELECT run_id FROM runs WHERE partition = %s AND status = 'running'",
+                (partition,),
+            ).fetchall()
+        return {str(r[0]) for r in rows}
 
     # -- runs --------------------------------------------------------------------
     def _actor(self, run_id: str, partition: int) -> RunActor:
@@ -382,8 +379,8 @@ class RunLoop:
         self.actor = actor
         self.agent = worker.agent
         self.buffer: list[Event] = []
-        events = worker.log.read_run(actor.run_id)
-        self.state: RunState | None = replay(events) if events else None
+        # Snapshot + at most K events (plus the projector's lag), not the whole log.
+        self.state: RunState | None = worker.loader.load(actor.run_id).state
 
     # -- appends -------------------------------------------------------------------
     def add(self, event_type: type[Event], **fields: object) -> Event:

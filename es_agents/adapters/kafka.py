@@ -260,6 +260,13 @@ class KafkaEventLog:
                 events.append(self._decode_at(msg))
         return events
 
+    def end_offset(self, topic: str, partition: int) -> int:
+        """The partition's high watermark now."""
+        with self._reader_lock:
+            return _watermarks(
+                self._reader_consumer(), TopicPartition(topic, partition)
+            )[1]
+
     def read_commands(self, run_id: str) -> list[Command]:
         """The run's commands in ``es.commands`` (undecodable ones are skipped)."""
         partition = self.partition_for(run_id)

@@ -135,3 +135,15 @@ def test_state_patches_fold_into_vars() -> None:
     events.append(RunCompleted(run_id="run-1", seq=2, step=0, output_json="null"))
     state = replay(events)
     assert state.vars == {"plan": {"n": 2}}
+
+
+@settings(max_examples=30, deadline=None)
+@given(steps=st.integers(1, 8), cut=st.integers(0, 10_000))
+def test_snapshots_round_trip_through_json(steps: int, cut: int) -> None:
+    import json  # noqa: PLC0415
+
+    from es_agents.core.snapshot import from_snapshot, to_snapshot  # noqa: PLC0415
+
+    events = script("run-s", steps=steps)
+    state = replay(events[: 1 + cut % len(events)])
+    assert from_snapshot(json.loads(json.dumps(to_snapshot(state)))) == state

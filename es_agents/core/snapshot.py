@@ -1,0 +1,122 @@
+"""A run's state as JSON and back: what ``run_snapshots`` stores.
+
+``REDUCER_VERSION`` names the fold's rules; a snapshot written under other rules is
+not used (the run is folded from its events instead).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
+
+from pydantic import JsonValue
+
+from es_agents.core.events import ToolCall
+from es_agents.core.state import (
+    LastResume,
+    PendingModelCall,
+    PendingToolCall,
+    RunState,
+    Versions,
+    Waiting,
+)
+
+REDUCER_VERSION = 1
+
+
+def _time(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def _parse_time(value: object) -> datetime | None:
+    return datetime.fromisoformat(value) if isinstance(value, str) else None
+
+
+def to_snapshot(state: RunState) -> dict[str, JsonValue]:
+    pending: dict[str, Any] | None = None
+    if isinstance(state.pending, PendingModelCall):
+        pending = {"kind": "model", **asdict(state.pending)}
+    elif isinstance(state.pending, PendingToolCall):
+        pending = {"kind": "tool", **asdict(state.pending)}
+    waiting = None
+    if state.waiting is not None:
+        waiting = {**asdict(state.waiting), "wake_at": _time(state.waiting.wake_at)}
+    return {
+        "reducer_version": REDUCER_VERSION,
+        "run_id": state.run_id,
+        "agent": state.agent,
+        "input_json": state.input_json,
+        "status": state.status,
+        "seq": state.seq,
+        "step": state.step,
+        "transcript": state.transcript,  # type: ignore[dict-item]
+        "open_tool_calls": [c.model_dump() for c in state.open_tool_calls],
+        "last_outcome_seq": state.last_outcome_seq,
+        "pending": pending,
+        "waiting": waiting,
+        "vars": state.vars,
+        "prompt_tokens": state.prompt_tokens,
+        "completion_tokens": state.completion_tokens,
+        "model_calls": state.model_calls,
+        "model_attempts": state.model_attempts,
+        "tool_calls": state.tool_calls,
+        "reconciled_calls": state.reconciled_calls,
+        "last_resume": asdict(state.last_resume) if state.last_resume else None,
+        "early_decisions": state.early_decisions,  # type: ignore[dict-item]
+        "command_ids": sorted(state.command_ids),
+        "output_json": state.output_json,
+        "error": state.error,
+        "versions": asdict(state.versions),
+        "migrations": [list(m) for m in state.migrations],
+        "started_at": _time(state.started_at),
+        "updated_at": _time(state.updated_at),
+    }
+
+
+def from_snapshot(data: dict[str, Any]) -> RunState:
+    pending_data = data.get("pending")
+    pending: PendingModelCall | PendingToolCall | None = None
+    if pending_data is not None:
+        fields = {k: v for k, v in pending_data.items() if k != "kind"}
+        pending = (
+            PendingModelCall(**fields)
+            if pending_data["kind"] == "model"
+            else PendingToolCall(**fields)
+        )
+    waiting_data = data.get("waiting")
+    waiting = None
+    if waiting_data is not None:
+        waiting = Waiting(
+            **{**waiting_data, "wake_at": _parse_time(waiting_data.get("wake_at"))}
+        )
+    resume = data.get("last_resume")
+    return RunState(
+        run_id=data["run_id"],
+        agent=data["agent"],
+        input_json=data["input_json"],
+        status=data["status"],
+        seq=data["seq"],
+        step=data["step"],
+        transcript=list(data["transcript"]),
+        open_tool_calls=[ToolCall(**c) for c in data["open_tool_calls"]],
+        last_outcome_seq=data["last_outcome_seq"],
+        pending=pending,
+        waiting=waiting,
+        vars=dict(data["vars"]),
+        prompt_tokens=data["prompt_tokens"],
+        completion_tokens=data["completion_tokens"],
+        model_calls=data["model_calls"],
+        model_attempts=data["model_attempts"],
+        tool_calls=data["tool_calls"],
+        reconciled_calls=data["reconciled_calls"],
+        last_resume=LastResume(**resume) if resume else None,
+        early_decisions=dict(data["early_decisions"]),
+        command_ids=set(data["command_ids"]),
+        output_json=data["output_json"],
+        error=data["error"],
+        versions=Versions(**data["versions"]),
+        migrations=[(a, b) for a, b in data["migrations"]],
+        started_at=_parse_time(data.get("started_at")),
+        updated_at=_parse_time(data.get("updated_at")),
+    )
