@@ -427,8 +427,14 @@ def status(run_id: str, as_json: bool) -> None:
     help="Exit once every assigned partition is projected to its end.",
 )
 @click.option("--batch", type=int, default=2000, show_default=True)
-def projector(until_caught_up: bool, batch: int) -> None:
-    """Project es.events into Postgres: runs, run_events, run_snapshots (exactly once)."""
+@click.option(
+    "--instance-id",
+    default=None,
+    help="Static group membership: a restarted projector takes its partitions "
+    "back at once.",
+)
+def projector(until_caught_up: bool, batch: int, instance_id: str | None) -> None:
+    """Project es.events into runs, run_events and run_snapshots, exactly once."""
     import logging  # noqa: PLC0415
     import signal  # noqa: PLC0415
 
@@ -442,7 +448,7 @@ def projector(until_caught_up: bool, batch: int) -> None:
     logging.getLogger("es_agents.librdkafka").setLevel(logging.ERROR)
     settings = load_settings()
     ensure_topics(settings.kafka)
-    p = Projector(settings, batch_size=batch)
+    p = Projector(settings, batch_size=batch, instance_id=instance_id)
     signal.signal(signal.SIGTERM, lambda *_: p.stop())
     p.run(until_caught_up=until_caught_up)
     click.echo(f"projected {p.projected} events", err=True)

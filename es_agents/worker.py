@@ -41,7 +41,7 @@ from es_agents.core.events import (
     ToolCallRequested,
     ToolReturned,
 )
-from es_agents.core.fold import fold, replay
+from es_agents.core.fold import fold
 from es_agents.core.state import PendingModelCall, PendingToolCall, RunState
 from es_agents.core.step import (
     CallModel,
@@ -60,7 +60,6 @@ from es_agents.core.step import (
     timer_id,
 )
 from es_agents.crash import CrashPoints
-from es_agents.resume import RunLoader
 from es_agents.errors import (
     AppendError,
     DecodeError,
@@ -70,6 +69,7 @@ from es_agents.errors import (
     Unavailable,
 )
 from es_agents.models import Completion
+from es_agents.resume import RunLoader
 from es_agents.settings import Settings
 from es_agents.tools import Lookup, Tool, ToolContext
 

@@ -57,8 +57,8 @@ def load_state(
 ) -> RunState | None:
     """The latest usable snapshot plus the projected events after it: O(K)."""
     row = conn.execute(
-        "SELECT seq, state FROM run_snapshots WHERE run_id = %s AND reducer_version = %s "
-        "ORDER BY seq DESC LIMIT 1",
+        "SELECT seq, state FROM run_snapshots WHERE run_id = %s "
+        "AND reducer_version = %s ORDER BY seq DESC LIMIT 1",
         (run_id, REDUCER_VERSION),
     ).fetchone()
     state = from_snapshot(row[1]) if row is not None else None
@@ -80,6 +80,7 @@ class Projector:
         batch_size: int = 2000,
         cache_size: int = 10_000,
         crash: CrashPoints | None = None,
+        instance_id: str | None = None,
     ) -> None:
         self.settings = settings
         self.k = settings.snapshot_every
@@ -99,6 +100,7 @@ class Projector:
             **settings.kafka.consumer_config(self.group_id),
             "partition.assignment.strategy": "range",
             "enable.partition.eof": True,
+            **({"group.instance.id": instance_id} if instance_id else {}),
         }
         self.consumer = Consumer(_client(conf))
         self.consumer.subscribe(
@@ -276,8 +278,8 @@ class Projector:
                 )
             if batch.snapshots:
                 cur.executemany(
-                    "INSERT INTO run_snapshots (run_id, seq, reducer_version, partition, "
-                    '"offset", state) VALUES (%s, %s, %s, %s, %s, %s) '
+                    "INSERT INTO run_snapshots (run_id, seq, reducer_version, "
+                    'partition, "offset", state) VALUES (%s, %s, %s, %s, %s, %s) '
                     "ON CONFLICT DO NOTHING",
                     batch.snapshots,
                 )
@@ -286,8 +288,9 @@ class Projector:
                     _UPSERT_RUN, [_run_row(s, p, o) for s, p, o in batch.runs.values()]
                 )
             cur.executemany(
-                "INSERT INTO projector_offsets (group_id, topic, partition, next_offset) "
-                "VALUES (%s, %s, %s, %s) ON CONFLICT (group_id, topic, partition) "
+                "INSERT INTO projector_offsets "
+                "(group_id, topic, partition, next_offset) VALUES (%s, %s, %s, %s) "
+                "ON CONFLICT (group_id, topic, partition) "
                 "DO UPDATE SET next_offset = EXCLUDED.next_offset",
                 [(self.group_id, self.topic, p, o) for p, o in batch.offsets.items()],
             )

@@ -6,6 +6,7 @@ A missing service fails the session; nothing is skipped.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from collections.abc import Iterator
@@ -44,7 +45,9 @@ def kafka_settings(dev_stack: object, request: pytest.FixtureRequest) -> KafkaSe
     from es_agents.dev import DevStack  # noqa: PLC0415
 
     assert isinstance(dev_stack, DevStack)
-    name = request.node.name.replace("[", "-").replace("]", "")[:60]
+    full = request.node.name
+    digest = hashlib.sha256(full.encode()).hexdigest()[:6]
+    name = full.replace("[", "-").replace("]", "")[:50] + "-" + digest
     settings = KafkaSettings(
         bootstrap_servers=dev_stack.dev.kafka_bootstrap,
         topic_prefix=f"t{SESSION}.{name}",

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
-from typing import Literal, final
+from typing import Any, Literal, final
 
 import psycopg
 from psycopg_pool import ConnectionPool
@@ -58,7 +58,7 @@ class Database:
             raise Unavailable(f"postgres at {_safe(url)}: {e}") from e
 
     @contextmanager
-    def transaction(self) -> Iterator[psycopg.Connection[tuple[object, ...]]]:
+    def transaction(self) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
         try:
             with self.pool.connection() as conn, conn.transaction():
                 yield conn
@@ -147,7 +147,7 @@ class PostgresEffectLedger:
         if row is None:
             return None
         status, result_json, error = row
-        return EffectRecord(status, result_json, error)  # type: ignore[arg-type]
+        return EffectRecord(status, result_json, error)
 
 
 @final
@@ -181,7 +181,7 @@ class PostgresTimers:
                 (limit,),
             ).fetchall()
             for timer_id, run_id, due_at in rows:
-                fire(timer_id, run_id, due_at)  # type: ignore[arg-type]
+                fire(timer_id, run_id, due_at)
                 conn.execute(
                     "UPDATE timers SET fired_at = now() WHERE timer_id = %s",
                     (timer_id,),
@@ -193,4 +193,4 @@ class PostgresTimers:
             row = conn.execute(
                 "SELECT due_at, fired_at FROM timers WHERE timer_id = %s", (timer_id,)
             ).fetchone()
-        return None if row is None else (row[0], row[1])  # type: ignore[return-value]
+        return None if row is None else (row[0], row[1])

@@ -1,0 +1,256 @@
+"""The projector against the real broker and database: projection = fold, exactly
+once across kills, rebuildable from the log, and O(K) resume."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from pydantic import SecretStr
+
+from es_agents.adapters.kafka import KafkaEventLog
+from es_agents.adapters.postgres import Database
+from es_agents.codec import AvroCodec
+from es_agents.core import replay
+from es_agents.core.events import Event, StatePatched
+from es_agents.demo import ROOT
+from es_agents.dev import DevStack
+from es_agents.resume import RunLoader
+from es_agents.settings import KafkaSettings, Settings
+from projectors.runs import Projector, load_state
+from tests.test_support import script_of
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def fresh_db(dev_stack: DevStack) -> Iterator[str]:
+    name = f"es_proj_{uuid.uuid4().hex[:10]}"
+    dev_stack.postgres.create_database(name)
+    yield dev_stack.dev.database_url.rsplit("/", 1)[0] + f"/{name}"
+    dev_stack.postgres.drop_database(name)
+
+
+def _settings(kafka: KafkaSettings, db: str, k: int) -> Settings:
+    return Settings(kafka=kafka, database_url=SecretStr(db), snapshot_every=k)
+
+
+def _write_interleaved(
+    kafka: KafkaSettings, runs: int, seed: int
+) -> dict[str, list[Event]]:
+    rng = random.Random(seed)
+    logs = {f"run-{seed}-{n}": script_of(f"run-{seed}-{n}", rng) for n in range(runs)}
+    log = KafkaEventLog(kafka)
+    cursors = dict.fromkeys(logs, 0)
+    lock = threading.Lock()
+
+    def writer(mine: list[str]) -> None:
+        local = random.Random(rng.random())
+        while True:
+            with lock:
+                live = [r for r in mine if cursors[r] < len(logs[r])]
+            if not live:
+                return
+            run_id = local.choice(live)
+            n = local.randint(1, 4)
+            batch = logs[run_id][cursors[run_id] : cursors[run_id] + n]
+            log.append(batch)
+            with lock:
+                cursors[run_id] += len(batch)
+
+    ids = list(logs)
+    threads = [threading.Thread(target=writer, args=(ids[i::3],)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    log.close()
+    return logs
+
+
+def _project(settings: Settings) -> int:
+    projector = Projector(settings, batch_size=97)
+    projector.run(until_caught_up=True, idle_seconds=0.3)
+    return projector.projected
+
+
+def _tables(db: str) -> dict[str, list[tuple[Any, ...]]]:
+    with psycopg.connect(db) as conn:
+        return {
+            "runs": conn.execute("SELECT * FROM runs ORDER BY run_id").fetchall(),
+            "run_events": conn.execute(
+                'SELECT run_id, seq, step, type, event_id, at, partition, "offset", '
+                "payload FROM run_events ORDER BY run_id, seq"
+            ).fetchall(),
+            "run_snapshots": conn.execute(
+                'SELECT run_id, seq, reducer_version, partition, "offset", state '
+                "FROM run_snapshots ORDER BY run_id, seq"
+            ).fetchall(),
+        }
+
+
+def test_projection_equals_the_fold_of_random_interleavings(
+    kafka_settings: KafkaSettings, fresh_db: str
+) -> None:
+    k = 7
+    logs = _write_interleaved(kafka_settings, runs=12, seed=11)
+    settings = _settings(kafka_settings, fresh_db, k)
+    assert _project(settings) == sum(len(v) for v in logs.values())
+    codec = AvroCodec()
+    with psycopg.connect(fresh_db) as conn:
+        for run_id, events in logs.items():
+            full = replay(events)
+            status, step, last_seq = conn.execute(
+                "SELECT status, step, last_seq FROM runs WHERE run_id = %s", (run_id,)
+            ).fetchone() or (None, None, None)
+            assert (status, step, last_seq) == (full.status, full.step, full.seq)
+            assert load_state(conn, codec, run_id) == full  # snapshot + tail
+            seqs = [
+                r[0]
+                for r in conn.execute(
+                    "SELECT seq FROM run_snapshots WHERE run_id = %s ORDER BY seq",
+                    (run_id,),
+                )
+            ]
+            expected = {
+                e.seq
+                for e in events
+                if (e.seq + 1) % k == 0
+                or e.wire_name in ("interrupted", "run_completed", "run_failed")
+            }
+            assert set(seqs) == expected
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_projector_killed_anywhere_converges_to_a_rebuild_from_scratch(
+    seed: int,
+    kafka_settings: KafkaSettings,
+    fresh_db: str,
+    database_url: str,
+    dev_stack: DevStack,
+) -> None:
+    logs = _write_interleaved(kafka_settings, runs=8, seed=seed)
+    total = sum(len(v) for v in logs.values())
+    rng = random.Random(seed)
+    env = {
+        "ES_AGENTS_BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
+        "ES_AGENTS_TOPIC_PREFIX": kafka_settings.topic_prefix,
+        "ES_AGENTS_PARTITIONS": str(kafka_settings.partitions),
+        "ES_AGENTS_DATABASE_URL": fresh_db,
+        "ES_AGENTS_SNAPSHOT_EVERY": "5",
+        "PYTHONPATH": str(ROOT),
+    }
+    kills = 0
+    for _ in range(3):  # kill it mid-batch or right after a commit, then restart
+        point = rng.choice(["projector:before_commit", "projector:after_commit"])
+        crash = f"{point}@{rng.randint(1, 3)}"
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "es_agents.cli",
+                "projector",
+                "--until-caught-up",
+                "--instance-id",
+                "p1",
+                "--batch",
+                str(rng.randint(5, 40)),
+            ],
+            env={**_base_env(), **env, "ES_AGENTS_CRASH_AT": crash},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert result.returncode in (0, -9), result.stderr[-2000:]
+        kills += result.returncode == -9
+    final = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "es_agents.cli",
+            "projector",
+            "--until-caught-up",
+            "--instance-id",
+            "p1",
+        ],
+        env={**_base_env(), **env},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert final.returncode == 0, final.stderr[-2000:]
+    assert kills >= 1
+
+    # The same log projected once, without crashes, into a second database.
+    rebuilt = f"es_rebuild_{uuid.uuid4().hex[:10]}"
+    dev_stack.postgres.create_database(rebuilt)
+    rebuilt_url = fresh_db.rsplit("/", 1)[0] + f"/{rebuilt}"
+    try:
+        rebuild = _settings(kafka_settings, rebuilt_url, 5)
+        _project(rebuild.model_copy(update={"projector_group": "rebuild"}))
+        crashed, clean = _tables(fresh_db), _tables(rebuilt_url)
+        assert len(clean["run_events"]) == total
+        assert crashed == clean
+    finally:
+        dev_stack.postgres.drop_database(rebuilt)
+
+
+def _base_env() -> dict[str, str]:
+    import os  # noqa: PLC0415
+
+    return dict(os.environ)
+
+
+def test_resume_reads_a_snapshot_and_at_most_k_events(
+    kafka_settings: KafkaSettings, fresh_db: str
+) -> None:
+    k = 50
+    settings = _settings(kafka_settings, fresh_db, k)
+    run_id = f"run-long-{uuid.uuid4().hex[:6]}"
+    events = script_of(run_id, random.Random(5), patches=730)
+    log = KafkaEventLog(kafka_settings)
+    for start in range(0, len(events), 200):
+        log.append(events[start : start + 200])
+    _project(settings)
+    db = Database(fresh_db)
+    try:
+        loaded = RunLoader(db, log, settings.projector_group_id).load(run_id)
+        assert loaded.state == replay(events)
+        assert loaded.snapshot_seq is not None
+        assert loaded.events_from_db < k
+        assert loaded.events_from_log == 0
+        # Events the projector has not seen come from the log, still exactly.
+        state = loaded.state
+        assert state is not None
+        more: list[Event] = [
+            StatePatched(
+                run_id=run_id,
+                seq=state.seq + 1 + i,
+                step=state.step,
+                key="late",
+                value_json=json.dumps(i),
+            )
+            for i in range(3)
+        ]
+        if state.terminal:
+            return
+        log.append(more)
+        later = RunLoader(db, log, settings.projector_group_id, wait_for_projector=0)
+        again = later.load(run_id)
+        assert again.events_from_log == 3
+        assert again.state == replay(events + more)
+    finally:
+        db.close()
+        log.close()

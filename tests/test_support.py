@@ -1,0 +1,29 @@
+"""Synthetic run logs for tests."""
+
+from __future__ import annotations
+
+import json
+import random
+
+from es_agents.core.events import Event, RunStarted, StatePatched
+from es_agents.demo import script
+
+
+def script_of(
+    run_id: str, rng: random.Random, patches: int | None = None
+) -> list[Event]:
+    """A demo-shaped log with random length; ``patches`` makes it long and open."""
+    if patches is None:
+        return script(run_id, steps=rng.randint(1, 6))
+    events: list[Event] = [
+        RunStarted(
+            run_id=run_id, seq=0, step=0, agent="x", input_json="{}", command_id="c"
+        )
+    ]
+    events += [
+        StatePatched(
+            run_id=run_id, seq=n, step=0, key=f"k{n % 7}", value_json=json.dumps(n)
+        )
+        for n in range(1, patches + 1)
+    ]
+    return events
