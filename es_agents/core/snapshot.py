@@ -64,7 +64,7 @@ def to_snapshot(state: RunState) -> dict[str, JsonValue]:
         "reconciled_calls": state.reconciled_calls,
         "last_resume": asdict(state.last_resume) if state.last_resume else None,
         "early_decisions": state.early_decisions,  # type: ignore[dict-item]
-        "command_ids": sorted(state.command_ids),
+        "command_ids": list[JsonValue](sorted(state.command_ids)),
         "output_json": state.output_json,
         "error": state.error,
         "versions": asdict(state.versions),
