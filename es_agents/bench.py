@@ -13,20 +13,22 @@ from __future__ import annotations
 
 import json
 import statistics
+import threading
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 from pydantic import BaseModel, JsonValue
 
 from es_agents.adapters.kafka import KafkaEventLog, ensure_topics
 from es_agents.agent import Agent, ToolAgent
 from es_agents.codec import AvroCodec
 from es_agents.core import RunState, replay
-from es_agents.core.commands import StartRun
-from es_agents.core.events import Event
-from es_agents.core.step import CallTool, Finish, Step
+from es_agents.core.commands import Approve, StartRun
+from es_agents.core.events import Event, Interrupted, RunStarted, StatePatched
+from es_agents.core.step import CallTool, Finish, Interrupt, Step
 from es_agents.models import ScriptedModel, call, reply
 from es_agents.settings import Settings, load_settings
 from es_agents.tools import ToolContext, tool
@@ -163,3 +165,250 @@ def bench_steps(steps: int, echo: Callable[[str], None]) -> dict[str, object]:
     )
     echo(json.dumps(result))
     return result
+
+
+class GateLoop:
+    """Waits at gate ``g`` again every time it is approved: a resume per command."""
+
+    name = "bench"
+    model = None
+    tools: dict[str, Any] = {}  # noqa: RUF012 - read-only
+
+    def plan(self, state: RunState) -> Step:
+        return Interrupt("awaiting_approval", gate="g")
+
+    def versions(self) -> dict[str, str | int]:
+        return {"agent_version": "bench-gate-loop@1"}
+
+
+def _bench_settings(partitions: int, k: int | None = None) -> Settings:
+    base = load_settings()
+    kafka = base.kafka.model_copy(
+        update={
+            "topic_prefix": f"bench-{uuid.uuid4().hex[:8]}",
+            "partitions": partitions,
+        }
+    )
+    fields = {**base.model_dump(), "kafka": kafka}
+    if k is not None:
+        fields["snapshot_every"] = k
+    settings = Settings(**fields)
+    ensure_topics(kafka)
+    return settings
+
+
+def _long_run(run_id: str, length: int) -> list[Event]:
+    events: list[Event] = [
+        RunStarted(
+            run_id=run_id,
+            seq=0,
+            step=0,
+            agent="bench",
+            input_json="{}",
+            command_id=f"start-{run_id}",
+        )
+    ]
+    events += [
+        StatePatched(run_id=run_id, seq=n, step=0, key=f"k{n % 16}", value_json=str(n))
+        for n in range(1, length - 1)
+    ]
+    events.append(
+        Interrupted(
+            run_id=run_id,
+            seq=length - 1,
+            step=0,
+            reason="awaiting_approval",
+            detail_json='{"gate":"g"}',
+        )
+    )
+    return events
+
+
+def _in_thread(target: Callable[[], None]) -> threading.Thread:
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread
+
+
+def bench_resume(
+    lengths: list[int], repeats: int, k: int, echo: Callable[[str], None]
+) -> dict[str, object]:
+    """Median time from an approve command to the next step durable, per run length."""
+    from projectors.runs import Projector  # noqa: PLC0415
+
+    settings = _bench_settings(partitions=1, k=k)
+    log = KafkaEventLog(settings.kafka)
+    runs = {length: f"bench-{length}-{uuid.uuid4().hex[:6]}" for length in lengths}
+    total = 0
+    for length, run_id in runs.items():
+        events = _long_run(run_id, length)
+        for start in range(0, len(events), 2000):
+            log.append(events[start : start + 2000])
+        total += len(events)
+    echo(f"wrote {total} events for runs of {', '.join(map(str, lengths))} events")
+    projector = Projector(settings, batch_size=5000)
+    started = time.perf_counter()
+    projector_thread = _in_thread(projector.run)
+    while projector.projected < total:
+        time.sleep(0.05)
+    echo(f"projected them in {time.perf_counter() - started:.1f}s (K={k})")
+    worker = Worker(settings, GateLoop())
+    worker_thread = _in_thread(worker.run)
+    results: dict[int, float] = {}
+    warm = f"bench-warm-{uuid.uuid4().hex[:6]}"
+    log.append(_long_run(warm, 10))
+    try:
+        time.sleep(2.0)  # let the worker join its group and settle
+        for length, run_id in [(0, warm), *runs.items()]:
+            times = []
+            for _ in range(repeats):
+                before = len(worker.append_ms)
+                t0 = time.perf_counter()
+                log.send(Approve(run_id=run_id, by="bench"))
+                deadline = t0 + 30
+                # Two appends: the command's `resumed`, then the next step's event.
+                while len(worker.append_ms) < before + 2:
+                    if time.perf_counter() > deadline:
+                        raise RuntimeError(f"no step for {run_id}")
+                    time.sleep(0.0002)
+                times.append((time.perf_counter() - t0) * 1000)
+            if length == 0:
+                continue  # warm-up: connections, caches, the first fetch
+            results[length] = statistics.median(times)
+            echo(
+                f"  {length:>7} events: resume (command -> next step durable) "
+                f"{results[length]:.2f} ms median of {repeats}"
+            )
+    finally:
+        worker.stop()
+        projector.stop()
+        worker_thread.join(30)
+        projector_thread.join(30)
+        log.close()
+    shortest, longest = results[min(results)], results[max(results)]
+    summary: dict[str, object] = {
+        "resume_ms": {str(n): round(v, 3) for n, v in results.items()},
+        "k": k,
+        "ratio_longest_to_shortest": round(longest / shortest, 2),
+    }
+    echo(json.dumps(summary))
+    return summary
+
+
+def bench_projector(  # noqa: PLR0915 - one straight-line measurement
+    runs: int,
+    seconds: float,
+    echo: Callable[[str], None],
+) -> dict[str, object]:
+    """Projection lag under load, and catch-up events/s vs a bare consumer."""
+    from projectors.runs import Projector  # noqa: PLC0415
+
+    settings = _bench_settings(partitions=settings_partitions())
+    log = KafkaEventLog(settings.kafka)
+    projector = Projector(settings, batch_size=2000)
+    projector_thread = _in_thread(projector.run)
+    time.sleep(2.0)
+    stop = threading.Event()
+    written = [0]
+    lock = threading.Lock()
+
+    def writer(ids: list[str]) -> None:
+        seqs = dict.fromkeys(ids, 0)
+        while not stop.is_set():
+            for run_id in ids:
+                if seqs[run_id] == 0:
+                    batch: list[Event] = [
+                        RunStarted(
+                            run_id=run_id,
+                            seq=0,
+                            step=0,
+                            agent="bench",
+                            input_json="{}",
+                            command_id=f"c-{run_id}",
+                        )
+                    ]
+                else:
+                    batch = [
+                        StatePatched(
+                            run_id=run_id,
+                            seq=seqs[run_id] + i,
+                            step=0,
+                            key="k",
+                            value_json=str(i),
+                        )
+                        for i in range(2)
+                    ]
+                log.append(batch)
+                seqs[run_id] += len(batch)
+                with lock:
+                    written[0] += len(batch)
+
+    ids = [f"load-{n}-{uuid.uuid4().hex[:6]}" for n in range(runs)]
+    writers = [
+        threading.Thread(target=writer, args=(ids[i::8],), daemon=True)
+        for i in range(8)
+    ]
+    for thread in writers:
+        thread.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in writers:
+        t.join()
+    while projector.projected < written[0]:
+        time.sleep(0.05)
+    projector.stop()
+    projector_thread.join(30)
+    lags = sorted(projector.lags_ms)
+    p50, p99 = lags[len(lags) // 2], lags[int(len(lags) * 0.99)]
+
+    # Catch-up: a fresh projection of the whole topic vs a bare consumer reading it.
+    bare = Consumer(
+        {
+            "bootstrap.servers": settings.kafka.bootstrap_servers,
+            "group.id": f"bare-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    bare.subscribe([settings.kafka.events_topic])
+    count, t0 = 0, time.perf_counter()
+    while count < written[0]:
+        count += sum(1 for m in bare.consume(5000, timeout=0.5) if m.error() is None)
+    bare_rate = count / (time.perf_counter() - t0)
+    bare.close()
+    catchup = Projector(
+        settings.model_copy(
+            update={"projector_group": f"catchup-{uuid.uuid4().hex[:6]}"}
+        ),
+        batch_size=5000,
+    )
+    with catchup.db.transaction() as conn:  # a fresh projection: empty tables
+        conn.execute("TRUNCATE runs, run_events, run_snapshots")
+    t0 = time.perf_counter()
+    catchup.run(until_caught_up=True, idle_seconds=0.2)
+    projector_rate = catchup.projected / (time.perf_counter() - t0 - 0.2)
+    log.close()
+    result: dict[str, object] = {
+        "runs": runs,
+        "events": written[0],
+        "write_events_per_s": round(written[0] / seconds),
+        "lag_ms_p50": round(p50, 1),
+        "lag_ms_p99": round(p99, 1),
+        "projector_events_per_s": round(projector_rate),
+        "bare_consumer_events_per_s": round(bare_rate),
+        "ratio_projector_to_bare": round(projector_rate / bare_rate, 3),
+    }
+    echo(
+        f"{runs} runs wrote {written[0]} events in {seconds:.0f}s; projection lag "
+        f"p50 {p50:.1f} ms, p99 {p99:.1f} ms"
+    )
+    echo(
+        f"catch-up: projector {projector_rate:.0f} events/s vs bare consumer "
+        f"{bare_rate:.0f} events/s"
+    )
+    echo(json.dumps(result))
+    return result
+
+
+def settings_partitions() -> int:
+    return load_settings().kafka.partitions

@@ -530,6 +530,34 @@ def bench_steps_command(steps: int) -> None:
     bench_steps(steps, click.echo)
 
 
+@bench.command("resume")
+@click.option("--lengths", default="10,1000,10000,100000", show_default=True)
+@click.option("--repeats", type=int, default=7, show_default=True)
+@click.option("-k", "--snapshot-every", "k", type=int, default=100, show_default=True)
+def bench_resume_command(lengths: str, repeats: int, k: int) -> None:
+    """Resume time (command to next step) for runs of very different lengths."""
+    import logging  # noqa: PLC0415
+
+    from es_agents.bench import bench_resume  # noqa: PLC0415
+
+    logging.getLogger("es_agents.worker").setLevel(logging.WARNING)
+    logging.getLogger("projectors.runs").setLevel(logging.WARNING)
+    bench_resume([int(n) for n in lengths.split(",")], repeats, k, click.echo)
+
+
+@bench.command("projector")
+@click.option("--runs", type=int, default=50, show_default=True)
+@click.option("--seconds", type=float, default=10, show_default=True)
+def bench_projector_command(runs: int, seconds: float) -> None:
+    """Projection lag under load; projector vs bare consumer events/s."""
+    import logging  # noqa: PLC0415
+
+    from es_agents.bench import bench_projector  # noqa: PLC0415
+
+    logging.getLogger("projectors.runs").setLevel(logging.WARNING)
+    bench_projector(runs, seconds, click.echo)
+
+
 @cli.command()
 def demo() -> None:
     """The research agent through an approval gate and a worker crash (real stack)."""

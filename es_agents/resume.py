@@ -3,11 +3,12 @@
 Two honest sources for the events after the snapshot (DESIGN.md): the projection's
 ``run_events``, complete up to the projector's stored offset for the run's partition,
 and the partition itself beyond that offset. Snapshot, events and offset are read in
-one REPEATABLE READ transaction, so they agree. The resumer first gives the projector
-a moment to reach the partition's end (then the tail is empty and the cost is
-independent of other runs' traffic); if it is behind, it reads the partition from the
-projector's offset, which costs the projector's lag. Without any projection it folds
-the whole partition, like the log does.
+one REPEATABLE READ transaction, so they agree. The tail beyond the projector's offset
+is read from the partition at once: resume costs a snapshot, at most K projected
+events, and the projector's lag on that partition (the events of all its runs since
+the projector's last commit, usually few). ``wait_for_projector`` trades that read for
+waiting until the projector reached the partition's end. Without any projection the
+whole partition is folded, as the log does.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ class RunLoader:
         db: Database,
         log: KafkaEventLog,
         group_id: str,
-        wait_for_projector: float = 0.2,
+        wait_for_projector: float = 0.0,
     ) -> None:
         self.db = db
         self.log = log
@@ -54,10 +55,13 @@ class RunLoader:
 
     def load(self, run_id: str) -> Loaded:
         partition = self.log.partition_for(run_id)
-        end = self.log.end_offset(self.log.settings.events_topic, partition)
-        deadline = time.monotonic() + self.wait
-        while self.projected_until(partition) < end and time.monotonic() < deadline:
-            time.sleep(0.01)
+        if self.wait > 0:
+            end = self.log.end_offset(self.log.settings.events_topic, partition)
+            deadline = time.monotonic() + self.wait
+            while self.projected_until(partition) < end:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.01)
         codec = self.log.codec
         with self.db.transaction() as conn:
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")

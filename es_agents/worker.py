@@ -418,42 +418,46 @@ class RunLoop:
             self.advance(state)
 
     def apply_commands(self) -> None:
+        """Apply every queued command, make their events durable in one append,
+        then let their offsets be committed."""
         w = self.w
+        applied: list[int] = []
         while True:
             with w._lock:
                 item = self.actor.inbox.popleft() if self.actor.inbox else None
             if item is None:
-                return
+                break
             command, offset = item
             try:
                 self.apply(command)
-                self.flush()
             except Refused as e:
-                log.warning(
-                    "refused %s for run %s: %s", command.wire_name, command.run_id, e
-                )
-                w.log.link.wait(
+                self.refuse(command, offset, e)
+            applied.append(offset)
+        if applied:
+            self.flush()
+            for offset in applied:
+                w.tracker.done(self.actor.partition, offset)
+
+    def refuse(self, command: Command, offset: int, reason: Refused) -> None:
+        w = self.w
+        log.warning(
+            "refused %s for run %s: %s", command.wire_name, command.run_id, reason
+        )
+        w.log.link.wait(
+            [
+                w.log.link.produce(
+                    w.dlq.topic,
+                    command.run_id,
+                    w.log.codec.encode(command),
                     [
-                        w.log.link.produce(
-                            w.dlq.topic,
-                            command.run_id,
-                            w.log.codec.encode(command),
-                            [
-                                ("es.dlq.reason", f"refused: {e}".encode()),
-                                (
-                                    "es.dlq.topic",
-                                    w.settings.kafka.commands_topic.encode(),
-                                ),
-                                (
-                                    "es.dlq.partition",
-                                    str(self.actor.partition).encode(),
-                                ),
-                                ("es.dlq.offset", str(offset).encode()),
-                            ],
-                        )
-                    ]
+                        ("es.dlq.reason", f"refused: {reason}".encode()),
+                        ("es.dlq.topic", w.settings.kafka.commands_topic.encode()),
+                        ("es.dlq.partition", str(self.actor.partition).encode()),
+                        ("es.dlq.offset", str(offset).encode()),
+                    ],
                 )
-            w.tracker.done(self.actor.partition, offset)
+            ]
+        )
 
     def apply(self, command: Command) -> None:
         if isinstance(command, StartRun) and self.state is None:

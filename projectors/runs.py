@@ -15,6 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -26,7 +27,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from es_agents.adapters.kafka import _client, where
+from es_agents.adapters.kafka import _client, consume_now, where
 from es_agents.adapters.postgres import Database
 from es_agents.codec import AvroCodec
 from es_agents.core.events import Interrupted, RunCompleted, RunFailed
@@ -96,6 +97,8 @@ class Projector:
         self._stop = threading.Event()
         self._at_end: set[int] = set()
         self.projected = 0
+        # Milliseconds from each event's creation to the commit that projected it.
+        self.lags_ms: list[float] = []
         conf = {
             **settings.kafka.consumer_config(self.group_id),
             "partition.assignment.strategy": "range",
@@ -138,7 +141,7 @@ class Projector:
         last_message = time.monotonic()
         try:
             while not self._stop.is_set():
-                msgs = self.consumer.consume(num_messages=self.batch_size, timeout=0.1)
+                msgs = consume_now(self.consumer, self.batch_size, timeout=0.1)
                 data = []
                 for msg in msgs:
                     err = msg.error()
@@ -182,6 +185,8 @@ class Projector:
             raise
         self.crash.hit("projector:after_commit")
         self.projected += len(batch.events)
+        now = datetime.now(UTC)
+        self.lags_ms.extend((now - e[5]).total_seconds() * 1000 for e in batch.events)
 
     def _build(self, conn: psycopg.Connection[Any], msgs: list[Message]) -> Batch:
         batch = Batch()

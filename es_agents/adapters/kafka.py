@@ -145,6 +145,19 @@ def _wait_for_leaders(admin: AdminClient, topics: list[str], timeout: float) -> 
         time.sleep(0.05)
 
 
+def consume_now(consumer: Consumer, max_messages: int, timeout: float) -> list[Message]:
+    """Up to ``max_messages``, returning as soon as one is there.
+
+    librdkafka's batch ``consume`` waits for a full batch or the whole timeout; waiting
+    for one message and then taking what is already fetched keeps batching under load
+    without adding the timeout to every lone command.
+    """
+    first = consumer.consume(num_messages=1, timeout=timeout)
+    if not first or max_messages == 1:
+        return first
+    return first + consumer.consume(num_messages=max_messages - 1, timeout=0)
+
+
 @final
 class KafkaProducerLink:
     """One idempotent producer per process, with futures for acknowledgements."""
@@ -451,7 +464,7 @@ class KafkaSource(Generic[T]):
 
     def poll(self, timeout: float = 1.0, max_messages: int = 500) -> list[Received[T]]:
         out: list[Received[T]] = []
-        for msg in self._consumer.consume(num_messages=max_messages, timeout=timeout):
+        for msg in consume_now(self._consumer, max_messages, timeout):
             err = msg.error()
             if err is not None and err.code() == KafkaError._PARTITION_EOF:
                 self._at_end.add(where(msg)[1])

@@ -254,3 +254,32 @@ def test_resume_reads_a_snapshot_and_at_most_k_events(
     finally:
         db.close()
         log.close()
+
+
+def test_status_and_runs_read_the_projection(
+    kafka_settings: KafkaSettings, fresh_db: str
+) -> None:
+    from es_agents.demo import cli  # noqa: PLC0415
+
+    logs = _write_interleaved(kafka_settings, runs=4, seed=21)
+    settings = _settings(kafka_settings, fresh_db, 3)
+    _project(settings)
+    env = {
+        "ES_AGENTS_BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
+        "ES_AGENTS_TOPIC_PREFIX": kafka_settings.topic_prefix,
+        "ES_AGENTS_PARTITIONS": str(kafka_settings.partitions),
+        "ES_AGENTS_DATABASE_URL": fresh_db,
+    }
+    listed = cli(env, "runs", "--status", "completed", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert {r["run_id"] for r in rows} == set(logs)
+    assert all(r["status"] == "completed" for r in rows)
+    run_id = next(iter(logs))
+    shown = cli(env, "status", run_id, "--json")
+    assert shown.returncode == 0, shown.stderr
+    summary = json.loads(shown.stdout)
+    assert summary["status"] == "completed"
+    assert summary["events"] == len(logs[run_id])
+    assert summary["loaded_from"]["snapshot_seq"] == len(logs[run_id]) - 1
+    assert summary["loaded_from"]["events_from_log"] == 0
