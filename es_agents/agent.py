@@ -26,6 +26,7 @@ from es_agents.core.step import (
     Message,
     Step,
 )
+from es_agents.core.versions import StateMigration, VersionPolicy
 from es_agents.errors import ConfigError
 from es_agents.models import ModelClient
 from es_agents.tools import Tool, tools_hash
@@ -53,6 +54,8 @@ class ToolAgent:
     tool_list: list[Tool[Any]] = field(default_factory=list)
     params: dict[str, JsonValue] = field(default_factory=dict)
     version: str = "1"
+    version_policy: VersionPolicy = field(default_factory=VersionPolicy)
+    migrations: list[StateMigration] = field(default_factory=list)
 
     @property
     def tools(self) -> Mapping[str, Tool[Any]]:
@@ -79,12 +82,9 @@ class ToolAgent:
             call = state.open_tool_calls[0]
             tool = self.tools.get(call.name)
             if tool is not None and tool.requires_approval:
-                decided = state.last_resume
-                if (
-                    decided is None
-                    or decided.gate != tool.name
-                    or (decided.seq < state.last_outcome_seq)
-                ):
+                decided = state.gate_decisions.get(tool.name) or {}
+                seq = decided.get("seq")
+                if not isinstance(seq, int) or seq < state.last_outcome_seq:
                     return Interrupt(
                         reason="awaiting_approval",
                         gate=tool.name,
@@ -94,8 +94,8 @@ class ToolAgent:
                             "args_json": call.args_json,
                         },
                     )
-                if decided.reason != "approved":
-                    return Finish({"rejected": call.name, "by": decided.by})
+                if decided.get("reason") != "approved":
+                    return Finish({"rejected": call.name, "by": decided.get("by")})
             try:
                 args = json.loads(call.args_json)
             except json.JSONDecodeError:
@@ -129,3 +129,23 @@ def load_agent(spec: str) -> Agent:
     if not hasattr(agent, "plan"):
         raise ConfigError(f"agent {spec!r} has no plan(state) method")
     return agent  # type: ignore[no-any-return]
+
+
+def code_revision() -> str:
+    """The running code: the package version, plus the git commit when there is one."""
+    import subprocess  # noqa: PLC0415
+
+    from es_agents import __version__  # noqa: PLC0415
+
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return f"es-agents {__version__}"
+    commit = rev.stdout.strip() if rev.returncode == 0 else ""
+    return f"es-agents {__version__}" + (f" git {commit}" if commit else "")

@@ -371,8 +371,10 @@ def _summary(state: RunState) -> dict[str, object]:
         "error": state.error,
         "started_at": state.started_at,
         "updated_at": state.updated_at,
+        "last_gate": state.last_gate,
         "versions": {
             "agent_version": state.versions.agent_version,
+            "code_revision": state.versions.code_revision,
             "prompt_hash": state.versions.prompt_hash,
             "model_id": state.versions.model_id,
             "tools_hash": state.versions.tools_hash,

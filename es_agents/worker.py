@@ -28,13 +28,15 @@ from pydantic import JsonValue
 
 from es_agents.adapters.kafka import DeadLetterQueue, KafkaEventLog, KafkaSource
 from es_agents.adapters.postgres import Database, PostgresEffectLedger, PostgresTimers
-from es_agents.agent import Agent
+from es_agents.agent import Agent, code_revision
 from es_agents.core.commands import Command, FireTimer, StartRun
 from es_agents.core.events import (
     Event,
     Interrupted,
+    Migrated,
     ModelCallRequested,
     ModelResponded,
+    Resumed,
     RunCompleted,
     RunFailed,
     StatePatched,
@@ -42,7 +44,8 @@ from es_agents.core.events import (
     ToolReturned,
 )
 from es_agents.core.fold import fold
-from es_agents.core.state import PendingModelCall, PendingToolCall, RunState
+from es_agents.core.snapshot import REDUCER_VERSION
+from es_agents.core.state import PendingModelCall, PendingToolCall, RunState, Versions
 from es_agents.core.step import (
     CallModel,
     CallTool,
@@ -58,6 +61,14 @@ from es_agents.core.step import (
     pass_gate,
     start,
     timer_id,
+)
+from es_agents.core.versions import (
+    Migrate,
+    Refuse,
+    StateMigration,
+    VersionPolicy,
+    fingerprint,
+    gate,
 )
 from es_agents.crash import CrashPoints
 from es_agents.errors import (
@@ -161,6 +172,18 @@ class Worker:
         self.ledger = PostgresEffectLedger(self.db)
         self.timers = PostgresTimers(self.db)
         self.loader = RunLoader(self.db, self.log, settings.projector_group_id)
+        # What this worker runs: the gate compares it with what each run started under.
+        declared = agent.versions()
+        self.running = Versions(
+            agent_version=str(declared.get("agent_version", "")),
+            code_revision=code_revision(),
+            prompt_hash=str(declared.get("prompt_hash", "")),
+            model_id=str(declared.get("model_id", "")),
+            tools_hash=str(declared.get("tools_hash", "")),
+            reducer_version=REDUCER_VERSION,
+        )
+        self.policy: VersionPolicy = getattr(agent, "version_policy", VersionPolicy())
+        self.migrations: list[StateMigration] = list(getattr(agent, "migrations", []))
         self.tracker = OffsetTracker()
         # Milliseconds per acknowledged append (one per step), for benchmarks.
         self.append_ms: deque[float] = deque(maxlen=100_000)
@@ -309,7 +332,9 @@ class Worker:
                 if state is None:
                     state = states[event.run_id] = RunState(run_id=event.run_id)
                 fold(state, event)
-            running = [s.run_id for s in states.values() if s.status == "running"]
+            running = [
+                s.run_id for s in states.values() if s.status in ("running", "blocked")
+            ]
             if running:
                 log.info(
                     "partition %d: resuming %d running runs", partition, len(running)
@@ -323,7 +348,8 @@ class Worker:
     def _running_in_projection(self, partition: int) -> set[str]:
         with self.db.transaction() as conn:
             rows = conn.execute(
-                "SELECT run_id FROM runs WHERE partition = %s AND status = 'running'",
+                "SELECT run_id FROM runs WHERE partition = %s "
+                "AND status IN ('running', 'blocked')",
                 (partition,),
             ).fetchall()
         return {str(r[0]) for r in rows}
@@ -411,11 +437,64 @@ class RunLoop:
     def drive(self) -> None:
         while True:
             self.apply_commands()
+            if self.state is not None and self.state.status in ("running", "blocked"):
+                self.check_versions(self.state)
             state = self.state
             if state is None or state.status != "running" or self.actor.stopping:
                 self.flush()
                 return
             self.advance(state)
+
+    def check_versions(self, state: RunState) -> None:
+        """The version gate, on every activation of a running or blocked run."""
+        running = self.w.running
+        decision = gate(state.versions, running, self.w.policy, self.w.migrations)
+        blocked = state.status == "blocked"
+        if isinstance(decision, Refuse):
+            if not blocked:  # a blocked run stays as it is: nothing keeps retrying
+                self.add(
+                    Interrupted,
+                    reason="version_mismatch",
+                    detail_json=canonical_json(
+                        {
+                            "decision": "refuse",
+                            "reason": decision.reason,
+                            "started": fingerprint(state.versions),
+                            "running": fingerprint(running),
+                            "changed": {
+                                k: list(v) for k, v in decision.changed.items()
+                            },
+                        }
+                    ),
+                )
+                self.flush()
+            return
+        if not decision.changed and not blocked:
+            return  # the same code: resume verbatim, nothing to record
+        if blocked:
+            self.add(Resumed, reason="version_ok", by=running.agent_version)
+        patches = (
+            decision.migration.patch(state) if isinstance(decision, Migrate) else {}
+        )
+        self.add(
+            Migrated,
+            from_version=state.versions.agent_version,
+            to_version=running.agent_version,
+            changes_json=canonical_json(
+                {
+                    "decision": "migrate"
+                    if isinstance(decision, Migrate)
+                    else "verbatim",
+                    "migration": decision.migration.description
+                    if isinstance(decision, Migrate)
+                    else None,
+                    "changed": {k: list(v) for k, v in decision.changed.items()},
+                    "versions": fingerprint(running),
+                }
+            ),
+        )
+        for key, value in patches.items():
+            self.add(StatePatched, key=key, value_json=canonical_json(value))
 
     def apply_commands(self) -> None:
         """Apply every queued command, make their events durable in one append,
@@ -466,7 +545,7 @@ class RunLoop:
                     f"agent {command.agent!r} is not served here "
                     f"(this worker runs {self.agent.name!r})"
                 )
-            event = start(command, self.agent.versions())
+            event = start(command, fingerprint(self.w.running))  # type: ignore[arg-type]
             self.state = fold(RunState(run_id=command.run_id), event)
             self.buffer.append(event)
             return

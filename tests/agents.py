@@ -12,6 +12,7 @@ import json
 import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from pydantic import BaseModel, JsonValue
@@ -19,6 +20,7 @@ from pydantic import BaseModel, JsonValue
 from es_agents.agent import ToolAgent
 from es_agents.core.state import RunState
 from es_agents.core.step import Finish, Interrupt, Step
+from es_agents.core.versions import StateMigration
 from es_agents.models import ModelClient, ScriptedModel, call, reply
 from es_agents.tools import Tool, ToolContext, tool
 from examples import research
@@ -101,3 +103,54 @@ class Sleepy:
 
 
 sleepy = Sleepy()
+
+
+# -- versions: the gated agent as later deployments would change it -----------------
+class TicketArgsV2(BaseModel):
+    title: str
+    priority: int = 3
+
+
+def _gated(
+    version: str = "1",
+    prompt: str | None = None,
+    migrations: list[StateMigration] | None = None,
+    ticket_args: type[BaseModel] = research.TicketArgs,
+) -> ToolAgent:
+    ticket: Tool[Any] = Tool(
+        name="create_ticket",
+        fn=research.create_ticket.fn,
+        args_model=ticket_args,
+        description=research.create_ticket.description,
+        honors_idempotency_key=True,
+        lookup=research.lookup_ticket,
+        requires_approval=True,
+    )
+    return ToolAgent(
+        name="research",
+        system_prompt=prompt or research.agent.system_prompt,
+        model=ScriptedModel(
+            research.SCRIPT, model_id="scripted-research", calls_log=CALLS_LOG
+        ),
+        tool_list=[research.search, ticket],
+        version=version,
+        migrations=migrations or [],
+    )
+
+
+gated_v2 = _gated(version="2")
+gated_v2_migrating = _gated(
+    version="2",
+    migrations=[
+        StateMigration(
+            "research@1",
+            "research@2",
+            "v2 keeps a review note in the run's state",
+            patch=lambda state: {"review_note": f"migrated at seq {state.seq}"},
+        )
+    ],
+)
+gated_new_prompt = _gated(
+    prompt="You are a careful research agent. Search, file, answer."
+)
+gated_new_tools = _gated(ticket_args=TicketArgsV2)

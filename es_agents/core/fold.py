@@ -210,6 +210,8 @@ def _(event: Interrupted, state: RunState) -> None:
     state.status = "blocked" if event.reason == "version_mismatch" else "paused"
     detail = json.loads(event.detail_json or "{}")
     gate = detail.get("gate") if isinstance(detail, dict) else None
+    if event.reason == "version_mismatch" and isinstance(detail, dict):
+        state.last_gate = detail
     state.waiting = Waiting(
         reason=event.reason,
         detail_json=event.detail_json,
@@ -233,6 +235,12 @@ def _(event: Resumed, state: RunState) -> None:
         seq=event.seq,
         gate=gate,
     )
+    if gate is not None:
+        state.gate_decisions[gate] = {
+            "reason": event.reason,
+            "by": event.by,
+            "seq": event.seq,
+        }
     if event.command_id is not None:
         state.command_ids.add(event.command_id)
 
@@ -259,3 +267,9 @@ def _(event: RunFailed, state: RunState) -> None:
 def _(event: Migrated, state: RunState) -> None:
     _require_started(state, event)
     state.migrations.append((event.from_version, event.to_version))
+    changes = json.loads(event.changes_json or "{}")
+    if isinstance(changes, dict):
+        state.last_gate = changes
+        versions = changes.get("versions")
+        if isinstance(versions, dict):
+            state.versions = Versions(**versions)

@@ -64,11 +64,13 @@ def to_snapshot(state: RunState) -> dict[str, JsonValue]:
         "reconciled_calls": state.reconciled_calls,
         "last_resume": asdict(state.last_resume) if state.last_resume else None,
         "early_decisions": state.early_decisions,  # type: ignore[dict-item]
+        "gate_decisions": state.gate_decisions,  # type: ignore[dict-item]
         "command_ids": list[JsonValue](sorted(state.command_ids)),
         "output_json": state.output_json,
         "error": state.error,
         "versions": asdict(state.versions),
         "migrations": [list(m) for m in state.migrations],
+        "last_gate": state.last_gate,
         "started_at": _time(state.started_at),
         "updated_at": _time(state.updated_at),
     }
@@ -112,11 +114,13 @@ def from_snapshot(data: dict[str, Any]) -> RunState:
         reconciled_calls=data["reconciled_calls"],
         last_resume=LastResume(**resume) if resume else None,
         early_decisions=dict(data["early_decisions"]),
+        gate_decisions=dict(data.get("gate_decisions", {})),
         command_ids=set(data["command_ids"]),
         output_json=data["output_json"],
         error=data["error"],
         versions=Versions(**data["versions"]),
         migrations=[(a, b) for a, b in data["migrations"]],
+        last_gate=data.get("last_gate"),
         started_at=_parse_time(data.get("started_at")),
         updated_at=_parse_time(data.get("updated_at")),
     )

@@ -95,12 +95,16 @@ class RunState:
     last_resume: LastResume | None = None
     # Decisions taken on a gate before the run reached it ("gate:<name>" patches).
     early_decisions: dict[str, dict[str, JsonValue]] = field(default_factory=dict)
+    # The last decision per gate: {"reason": approved|rejected, "by": ..., "seq": n}.
+    gate_decisions: dict[str, dict[str, JsonValue]] = field(default_factory=dict)
     # Commands already applied, so a redelivered command changes nothing.
     command_ids: set[str] = field(default_factory=set)
     output_json: str | None = None
     error: str | None = None
     versions: Versions = field(default_factory=Versions)
     migrations: list[tuple[str, str]] = field(default_factory=list)
+    # The version gate's last recorded decision (a migrated event or a refusal).
+    last_gate: dict[str, JsonValue] | None = None
     started_at: datetime | None = None
     updated_at: datetime | None = None
 
