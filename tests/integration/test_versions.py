@@ -61,7 +61,7 @@ def test_v2_without_a_migration_blocks_then_a_migration_continues_the_run(
     state = replay(events)
     assert state.status == "completed"
     assert state.versions.agent_version == "research@2"
-    assert state.vars["review_note"].startswith("migrated at seq")
+    assert str(state.vars["review_note"]).startswith("migrated at seq")
     migrated = [e for e in events if isinstance(e, Migrated)]
     assert [(m.from_version, m.to_version) for m in migrated] == [
         ("research@1", "research@2")
