@@ -26,7 +26,7 @@ lint: install
 	$(BIN)/ruff check .
 
 typecheck: install
-	$(BIN)/mypy es_agents projectors tests
+	$(BIN)/mypy es_agents projectors examples tests
 
 unit: install
 	$(BIN)/python -m pytest -q tests/unit

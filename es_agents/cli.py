@@ -516,6 +516,34 @@ def migrate(print_only: bool) -> None:
 
 
 @cli.group()
+def schemas() -> None:
+    """The Avro schemas in schemas/."""
+
+
+@schemas.command("check")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Default: the schemas/ of this installation.",
+)
+def schemas_check(directory: str | None) -> None:
+    """Fail when a schema cannot read what an earlier version of it wrote."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from es_agents.codec import SCHEMAS_DIR  # noqa: PLC0415
+    from es_agents.schemas import check  # noqa: PLC0415
+
+    problems = check(Path(directory) if directory else SCHEMAS_DIR)
+    for problem in problems:
+        click.echo(f"incompatible: {problem}", err=True)
+    if problems:
+        sys.exit(1)
+    click.echo("schemas: every version reads its earlier versions")
+
+
+@cli.group()
 def bench() -> None:
     """Benchmarks that print figures (medians and ratios from one run)."""
 

@@ -18,7 +18,7 @@ import io
 import json
 import re
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -37,6 +37,9 @@ SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
 _FILE_NAME = re.compile(r"^(?P<wire>[a-z][a-z0-9_]*)\.v(?P<version>[1-9][0-9]*)\.avsc$")
 
 Kind = Literal["events", "commands"]
+# Turns a record as an older writer wrote it into the newest reader's shape, where
+# Avro resolution (defaults, aliases, promotions) is not enough.
+Upcaster = Callable[[dict[str, object]], dict[str, object]]
 Message = Event | Command
 AvroRecord = dict[str, object]
 
@@ -162,9 +165,11 @@ class AvroCodec:
         registry: SchemaRegistry | None = None,
         *,
         check_complete: bool = True,
+        upcasters: Mapping[tuple[str, int], Upcaster] | None = None,
     ) -> None:
         self.catalog = catalog if catalog is not None else SchemaCatalog.load()
         self._registry = registry
+        self._upcasters = dict(upcasters or {})
         self._ids: dict[bytes, int] = {}
         self._by_id: dict[int, SchemaInfo] = {}
         if check_complete:  # fail at start-up, not at the first send
@@ -240,13 +245,14 @@ class AvroCodec:
         """Decode to a plain record under the newest reader schema of its wire name."""
         writer, start = self.writer_of(data)
         reader = self.catalog.latest(writer.wire_name)
+        upcast = self._upcasters.get((writer.wire_name, writer.version))
         buf = io.BytesIO(data)
         buf.seek(start)
         try:
             record = fastavro.schemaless_reader(
                 buf,
                 writer.parsed,
-                reader.parsed if reader is not writer else None,
+                reader.parsed if reader is not writer and upcast is None else None,
             )
         except (
             EOFError,
@@ -263,6 +269,8 @@ class AvroCodec:
             raise DecodeError(f"{writer.ref}: {len(data) - buf.tell()} trailing bytes")
         if not isinstance(record, dict):
             raise DecodeError(f"{writer.ref}: not a record")
+        if upcast is not None:
+            record = upcast(record)
         return writer, record
 
     def decode(self, data: bytes) -> Decoded:

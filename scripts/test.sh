@@ -20,7 +20,8 @@ fi
 echo "== lint and types"
 $BIN/ruff format --check .
 $BIN/ruff check .
-$BIN/mypy es_agents projectors tests
+$BIN/mypy es_agents projectors examples tests
+$BIN/es-agents schemas check
 
 was_up=0
 $BIN/es-agents dev status >/dev/null 2>&1 && was_up=1
