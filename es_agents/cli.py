@@ -120,7 +120,15 @@ def topics(partitions: int | None) -> None:
 @cli.command()
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per event.")
-def replay(run_id: str, as_json: bool) -> None:
+@click.option(
+    "--record",
+    "record_to",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the run's raw events and final state to this file "
+    "(a recorded history for tests/histories/).",
+)
+def replay(run_id: str, as_json: bool, record_to: str | None) -> None:
     """Read a run's events from the log (an audit) and print the folded state."""
     from es_agents.adapters.kafka import KafkaEventLog  # noqa: PLC0415
     from es_agents.core import replay as fold_all  # noqa: PLC0415
@@ -142,6 +150,21 @@ def replay(run_id: str, as_json: bool) -> None:
                 f"{event.at:%H:%M:%S.%f}"[:-3]
             )
     state = fold_all(events)
+    if record_to is not None:
+        import base64  # noqa: PLC0415
+        import json as json_module  # noqa: PLC0415
+        from pathlib import Path  # noqa: PLC0415
+
+        from es_agents.codec import AvroCodec  # noqa: PLC0415
+        from es_agents.core.snapshot import to_snapshot  # noqa: PLC0415
+
+        codec = AvroCodec()
+        history = {
+            "run_id": run_id,
+            "events": [base64.b64encode(codec.encode(e)).decode() for e in events],
+            "final": to_snapshot(state),
+        }
+        Path(record_to).write_text(json_module.dumps(history, indent=1) + "\n")
     if not as_json:
         click.echo(f"status={state.status} step={state.step} events={state.seq + 1}")
 
