@@ -12,7 +12,6 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
@@ -29,31 +28,11 @@ from es_agents.core.events import (
     Resumed,
     ToolReturned,
 )
-from es_agents.demo import ROOT, cli, run_worker, ticket_service, ticket_stats
+from es_agents.demo import ROOT, cli, run_worker, ticket_stats
 from es_agents.partitioner import partition_for
 from es_agents.settings import KafkaSettings
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture(scope="session")
-def tickets_url(database_url: str) -> Iterator[str]:
-    with ticket_service(database_url, port=18081) as url:
-        yield url
-
-
-@pytest.fixture
-def env(
-    kafka_settings: KafkaSettings, database_url: str, tickets_url: str, tmp_path: Path
-) -> dict[str, str]:
-    return {
-        "ES_AGENTS_BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
-        "ES_AGENTS_TOPIC_PREFIX": kafka_settings.topic_prefix,
-        "ES_AGENTS_PARTITIONS": str(kafka_settings.partitions),
-        "ES_AGENTS_DATABASE_URL": database_url,
-        "ES_AGENTS_TICKETS_URL": tickets_url,
-        "ES_AGENTS_MODEL_CALLS_LOG": str(tmp_path / "model-calls.jsonl"),
-    }
 
 
 def _start(settings: KafkaSettings, agent: str, **input_: object) -> str:

@@ -10,10 +10,9 @@ from es_agents.core import RunState, replay
 from es_agents.core.events import Migrated, Resumed, StatePatched
 from es_agents.demo import cli, run_worker, ticket_stats
 from es_agents.settings import KafkaSettings
-from tests.integration.test_runtime import _events, _start, env, tickets_url
+from tests.integration.test_runtime import _events, _start
 
 pytestmark = pytest.mark.integration
-__all__ = ["env", "tickets_url"]
 
 
 def _paused_at_gate(env: dict[str, str], kafka: KafkaSettings) -> str:
