@@ -27,6 +27,11 @@ class KafkaSettings(BaseSettings):
         default=0.0, ge=0, description="0 = send each append at once"
     )
     delivery_timeout_ms: int = Field(default=30_000, ge=1_000)
+    max_event_bytes: int = Field(
+        default=900_000,
+        ge=1_000,
+        description="Largest event body; keep below the broker's message.max.bytes",
+    )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = (
         "PLAINTEXT"
     )

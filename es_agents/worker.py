@@ -708,17 +708,28 @@ class RunLoop:
     ) -> tuple[str | None, str | None]:
         for attempt in range(1, TOOL_TRIES + 1):
             try:
-                return canonical_json(tool(args, ctx)), None
+                result = canonical_json(tool(args, ctx))
             except RetryableToolError as e:
                 if attempt == TOOL_TRIES:
                     return None, f"retryable error, gave up after {attempt} tries: {e}"
                 time.sleep(
                     e.retry_after if e.retry_after is not None else 0.2 * attempt
                 )
+                continue
             except TerminalToolError as e:
                 return None, str(e)
             except Exception as e:
                 return None, f"{type(e).__name__}: {e}"
+            limit = self.w.settings.kafka.max_event_bytes
+            if len(result.encode()) > limit:
+                # Larger than one log record may be: the run hears of it as an error
+                # instead of the worker failing its append.
+                return None, (
+                    f"result of {len(result.encode())} bytes exceeds the "
+                    f"{limit}-byte event limit and no object store is "
+                    "configured for payloads"
+                )
+            return result, None
         return None, "unreachable"
 
     def reconcile(  # noqa: PLR0911 - one return per reconciliation outcome

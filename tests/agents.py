@@ -154,3 +154,49 @@ gated_new_prompt = _gated(
     prompt="You are a careful research agent. Search, file, answer."
 )
 gated_new_tools = _gated(ticket_args=TicketArgsV2)
+
+
+# -- bad inputs: what a model or a tool can get wrong --------------------------------
+class NoArgs(BaseModel):
+    pass
+
+
+@tool(NoArgs, side_effect=False)
+def explode(args: NoArgs, ctx: ToolContext) -> JsonValue:
+    """Raises, as tools do."""
+    raise ValueError("the tool broke")
+
+
+@tool(NoArgs, side_effect=False)
+def huge(args: NoArgs, ctx: ToolContext) -> JsonValue:
+    """Returns more than one log record may hold."""
+    return "x" * 2_000_000
+
+
+PICKY_SCRIPT = [
+    call("no_such_tool", "b1"),
+    call("create_ticket", "b2", wrong_field=1),
+    call("explode", "b3"),
+    call("huge", "b4"),
+    reply("survived"),
+]
+
+picky = ToolAgent(
+    name="picky",
+    system_prompt="Call tools that go wrong, then answer.",
+    model=ScriptedModel(PICKY_SCRIPT, model_id="scripted-picky", calls_log=CALLS_LOG),
+    tool_list=[ungated_ticket, explode, huge],
+)
+
+
+def _garbled(messages: object) -> Any:
+    from es_agents.errors import RetryableToolError  # noqa: PLC0415
+
+    raise RetryableToolError("unparsable model response: {'choices': []}")
+
+
+garbled = ToolAgent(
+    name="garbled",
+    system_prompt="The model answers nonsense.",
+    model=ScriptedModel([_garbled], model_id="scripted-garbled"),
+)

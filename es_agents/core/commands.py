@@ -19,8 +19,8 @@ class Command(BaseModel):
 
     wire_name: ClassVar[str]
 
-    command_id: str = Field(default_factory=new_id)
-    run_id: str
+    command_id: str = Field(default_factory=new_id, min_length=1)
+    run_id: str = Field(min_length=1)
     at: datetime = Field(default_factory=utc_now)
 
 
