@@ -732,98 +732,54 @@ class RunLoop:
             return result, None
         return None, "unreachable"
 
-    def reconcile(  # noqa: PLR0911 - one return per reconciliation outcome
+    def reconcile(self, state: RunState, pending: PendingToolCall) -> None:
+        """A ``tool_call_requested`` with no outcome: find out what happened by key,
+        and record it as ``tool_returned`` marked reconciled (or pause, uncertain)."""
+        outcome = self._reconciled_outcome(state, pending)
+        if outcome is not None:
+            result, error = outcome
+            self.add(
+                ToolReturned,
+                call_id=pending.call_id,
+                result_json=result,
+                error=error,
+                reconciled=True,
+            )
+
+    def _reconciled_outcome(  # noqa: PLR0911 - one return per way of knowing
         self, state: RunState, pending: PendingToolCall
-    ) -> None:
-        """A ``tool_call_requested`` with no outcome: find out what happened by key."""
+    ) -> tuple[str | None, str | None] | None:
         key = pending.idempotency_key
         resume = state.last_resume
         if resume is not None and resume.seq > pending.seq and resume.reason == "input":
-            # A person settled an uncertain effect by giving the result.
-            self.add(
-                ToolReturned,
-                call_id=pending.call_id,
-                result_json=resume.input_json,
-                reconciled=True,
-            )
-            return
+            return resume.input_json, None  # a person settled an uncertain effect
         tool = self.agent.tools.get(pending.tool)
+        if tool is None:
+            return None, f"unknown tool {pending.tool!r}"
         ctx = ToolContext(state.run_id, pending.step, key, attempt=2)
         args = _args(pending.args_json)
-        if tool is None:
-            self.add(
-                ToolReturned,
-                call_id=pending.call_id,
-                error=f"unknown tool {pending.tool!r}",
-                reconciled=True,
-            )
-            return
         if not tool.side_effect:
-            result, error = self._call(tool, args, ctx)
-            self.add(
-                ToolReturned,
-                call_id=pending.call_id,
-                result_json=result,
-                error=error,
-                reconciled=True,
-            )
-            return
+            return self._call(tool, args, ctx)
         if tool.lookup is not None:
             found = tool.lookup(key)
             if found.status == "done":
-                self.add(
-                    ToolReturned,
-                    call_id=pending.call_id,
-                    result_json=canonical_json(found.result),
-                    reconciled=True,
-                )
-                return
+                return canonical_json(found.result), None
             if found.status == "absent" and tool.honors_idempotency_key:
-                result, error = self._call(tool, args, ctx)
-                self.add(
-                    ToolReturned,
-                    call_id=pending.call_id,
-                    result_json=result,
-                    error=error,
-                    reconciled=True,
-                )
-                return
+                return self._call(tool, args, ctx)
             self.uncertain(state, key, pending.tool, pending.call_id, found)
-            return
+            return None
         if tool.honors_idempotency_key:
             # The downstream dedupes by key: calling again returns the first result.
-            result, error = self._call(tool, args, ctx)
-            self.add(
-                ToolReturned,
-                call_id=pending.call_id,
-                result_json=result,
-                error=error,
-                reconciled=True,
-            )
-            return
+            return self._call(tool, args, ctx)
         record = self.w.ledger.get(key)
         if record is None:  # the call never started: the ledger row comes first
             result, error = self.invoke(tool, args, ctx)
-            if result is _UNCERTAIN:
-                self.uncertain(state, key, pending.tool, pending.call_id)
-                return
-            self.add(
-                ToolReturned,
-                call_id=pending.call_id,
-                result_json=result,
-                error=error,
-                reconciled=True,
-            )
+            if result is not _UNCERTAIN:
+                return result, error
         elif record.status == "done":
-            self.add(
-                ToolReturned,
-                call_id=pending.call_id,
-                result_json=record.result_json,
-                error=record.error,
-                reconciled=True,
-            )
-        else:
-            self.uncertain(state, key, pending.tool, pending.call_id)
+            return record.result_json, record.error
+        self.uncertain(state, key, pending.tool, pending.call_id)
+        return None
 
     def uncertain(
         self,
