@@ -15,12 +15,39 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
+
+import psycopg
 
 from es_agents.adapters.kafka import KafkaEventLog
 from es_agents.adapters.postgres import Database
+from es_agents.codec import AvroCodec
 from es_agents.core.fold import fold
 from es_agents.core.snapshot import REDUCER_VERSION, from_snapshot
 from es_agents.core.state import RunState
+
+
+def load_projected(
+    conn: psycopg.Connection[Any], codec: AvroCodec, run_id: str
+) -> tuple[RunState | None, int | None, int]:
+    """The latest snapshot (of this reducer version) plus the projected events after
+    it: (state, snapshot seq or None, number of events folded). O(K)."""
+    row = conn.execute(
+        "SELECT seq, state FROM run_snapshots WHERE run_id = %s "
+        "AND reducer_version = %s ORDER BY seq DESC LIMIT 1",
+        (run_id, REDUCER_VERSION),
+    ).fetchone()
+    state = from_snapshot(row[1]) if row is not None else None
+    after = row[0] if row is not None else -1
+    folded = 0
+    for (payload,) in conn.execute(
+        "SELECT payload FROM run_events WHERE run_id = %s AND seq > %s ORDER BY seq",
+        (run_id, after),
+    ):
+        event = codec.decode_event(bytes(payload))
+        state = fold(state if state is not None else RunState(run_id=run_id), event)
+        folded += 1
+    return state, (row[0] if row is not None else None), folded
 
 
 @dataclass(frozen=True)
@@ -65,30 +92,13 @@ class RunLoader:
         codec = self.log.codec
         with self.db.transaction() as conn:
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            row = conn.execute(
-                "SELECT seq, state FROM run_snapshots WHERE run_id = %s "
-                "AND reducer_version = %s ORDER BY seq DESC LIMIT 1",
-                (run_id, REDUCER_VERSION),
-            ).fetchone()
-            after = row[0] if row is not None else -1
-            payloads = [
-                bytes(p)
-                for (p,) in conn.execute(
-                    "SELECT payload FROM run_events WHERE run_id = %s AND seq > %s "
-                    "ORDER BY seq",
-                    (run_id, after),
-                )
-            ]
+            state, snapshot_seq, from_db = load_projected(conn, codec, run_id)
             offset_row = conn.execute(
                 "SELECT next_offset FROM projector_offsets WHERE group_id = %s "
                 "AND topic = %s AND partition = %s",
                 (self.group_id, self.log.settings.events_topic, partition),
             ).fetchone()
         projected = int(offset_row[0]) if offset_row is not None else 0
-        state = from_snapshot(row[1]) if row is not None else None
-        for payload in payloads:
-            event = codec.decode_event(payload)
-            state = fold(state if state is not None else RunState(run_id=run_id), event)
         tail = 0
         for event in self.log.read_run(run_id, from_offset=projected):
             if state is None or event.seq > state.seq:
@@ -96,4 +106,4 @@ class RunLoader:
                     state if state is not None else RunState(run_id=run_id), event
                 )
                 tail += 1
-        return Loaded(state, row[0] if row is not None else None, len(payloads), tail)
+        return Loaded(state, snapshot_seq, from_db, tail)

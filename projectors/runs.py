@@ -32,10 +32,11 @@ from es_agents.adapters.postgres import Database
 from es_agents.codec import AvroCodec
 from es_agents.core.events import Interrupted, RunCompleted, RunFailed
 from es_agents.core.fold import fold
-from es_agents.core.snapshot import REDUCER_VERSION, from_snapshot, to_snapshot
+from es_agents.core.snapshot import REDUCER_VERSION, to_snapshot
 from es_agents.core.state import RunState
 from es_agents.crash import CrashPoints
 from es_agents.errors import DecodeError, FoldError, Unavailable
+from es_agents.resume import load_projected
 from es_agents.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -52,25 +53,10 @@ class Batch:
 
 
 def load_state(
-    conn: psycopg.Connection[Any],
-    codec: AvroCodec,
-    run_id: str,
+    conn: psycopg.Connection[Any], codec: AvroCodec, run_id: str
 ) -> RunState | None:
-    """The latest usable snapshot plus the projected events after it: O(K)."""
-    row = conn.execute(
-        "SELECT seq, state FROM run_snapshots WHERE run_id = %s "
-        "AND reducer_version = %s ORDER BY seq DESC LIMIT 1",
-        (run_id, REDUCER_VERSION),
-    ).fetchone()
-    state = from_snapshot(row[1]) if row is not None else None
-    after = row[0] if row is not None else -1
-    for (payload,) in conn.execute(
-        "SELECT payload FROM run_events WHERE run_id = %s AND seq > %s ORDER BY seq",
-        (run_id, after),
-    ):
-        event = codec.decode_event(bytes(payload))
-        state = fold(state if state is not None else RunState(run_id=run_id), event)
-    return state
+    """A run's state from the projection alone: snapshot + projected events."""
+    return load_projected(conn, codec, run_id)[0]
 
 
 class Projector:
