@@ -103,14 +103,23 @@ def bench_steps(steps: int, echo: Callable[[str], None]) -> dict[str, object]:
     ensure_topics(kafka)
     codec = AvroCodec()
 
-    # 1. The protocol alone: no-op tool steps, no model, no transcript.
-    events, acks, _ = _run(settings, ToolLoop(steps))
+    # 1. The protocol alone: no-op tool steps, no model, no transcript; first without
+    # fencing (idempotent appends), then fenced (one Kafka transaction per commit).
+    unfenced = settings.model_copy(update={"fencing": "none"})
+    events, acks, _ = _run(unfenced, ToolLoop(steps))
     tool_elapsed = (events[-1].at - events[0].at).total_seconds() * 1000
     tool_per_step = tool_elapsed / steps
     ack_p50 = statistics.median(acks)
+    fenced_events, fenced_acks, _ = _run(
+        settings.model_copy(update={"fencing": "transactions"}), ToolLoop(steps)
+    )
+    fenced_per_step = (
+        (fenced_events[-1].at - fenced_events[0].at).total_seconds() * 1000 / steps
+    )
+    fenced_ack_p50 = statistics.median(fenced_acks)
 
     # 2. A chat agent: model and tool steps alternate, transcript grows.
-    chat, chat_acks, _ = _run(settings, chat_agent(steps))
+    chat, chat_acks, _ = _run(unfenced, chat_agent(steps))
     chat_steps = max(e.step for e in chat)
     chat_per_step = (chat[-1].at - chat[0].at).total_seconds() * 1000 / chat_steps
     sizes: dict[int, int] = {}
@@ -140,6 +149,8 @@ def bench_steps(steps: int, echo: Callable[[str], None]) -> dict[str, object]:
         "raw_produce_flush_ms_p50": round(raw_p50, 3),
         "ack_ratio_framework_to_raw": round(ack_p50 / raw_p50, 2),
         "step_ratio_framework_to_raw": round(tool_per_step / raw_p50, 2),
+        "fenced_tool_step_ms": round(fenced_per_step, 3),
+        "fenced_append_ack_ms_p50": round(fenced_ack_p50, 3),
         "chat_step_ms": round(chat_per_step, 3),
         "chat_append_ack_ms_p50": round(statistics.median(chat_acks), 3),
         "bytes_step_10": sizes.get(10),

@@ -27,6 +27,11 @@ class KafkaSettings(BaseSettings):
         default=0.0, ge=0, description="0 = send each append at once"
     )
     delivery_timeout_ms: int = Field(default=30_000, ge=1_000)
+    session_timeout_ms: int = Field(
+        default=45_000,
+        ge=6_000,
+        description="How long a silent group member keeps its partitions",
+    )
     max_event_bytes: int = Field(
         default=900_000,
         ge=1_000,
@@ -115,6 +120,7 @@ class KafkaSettings(BaseSettings):
             "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
             "partition.assignment.strategy": "cooperative-sticky",
+            "session.timeout.ms": self.session_timeout_ms,
         }
 
 
@@ -131,6 +137,10 @@ class Settings(BaseSettings):
     s3_bucket: str = "es-payloads"
     s3_access_key: str = "es-agents"
     s3_secret_key: SecretStr = SecretStr("es-agents-secret")
+    fencing: Literal["transactions", "none"] = Field(
+        default="transactions",
+        description="transactions: a worker that lost a partition cannot append to it",
+    )
     snapshot_every: int = Field(
         default=100, ge=1, description="K: snapshot every K events"
     )

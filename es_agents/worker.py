@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from es_agents.adapters.fencing import PartitionWriter
 from es_agents.adapters.kafka import DeadLetterQueue, KafkaEventLog, KafkaSource
 from es_agents.adapters.postgres import Database, PostgresEffectLedger, PostgresTimers
 from es_agents.agent import Agent, code_revision
@@ -75,6 +76,7 @@ from es_agents.errors import (
     AppendError,
     DecodeError,
     EsAgentsError,
+    FencedError,
     RetryableToolError,
     TerminalToolError,
     Unavailable,
@@ -193,12 +195,14 @@ class Worker:
         self._recovering: deque[int] = deque()
         self._busy_recoveries = 0
         self._assigned = False
+        self._group = group_id or f"{kafka.topic_prefix}.workers"
+        self._writers: dict[int, PartitionWriter] = {}
         self._stop = threading.Event()
         self._fatal: BaseException | None = None
         self.source: KafkaSource[Command] = KafkaSource(
             kafka,
             kafka.commands_topic,
-            group_id or f"{kafka.topic_prefix}.workers",
+            self._group,
             self.log.codec.decode_command,
             self.dlq,
             on_assign=self._on_assign,
@@ -277,6 +281,13 @@ class Worker:
     # -- partitions ------------------------------------------------------------------
     def _on_assign(self, partitions: list[int]) -> None:
         log.info("assigned partitions %s", partitions)
+        if self.settings.fencing == "transactions":
+            for partition in partitions:  # fences whoever wrote these partitions
+                writer = PartitionWriter(
+                    self.settings.kafka, self.log.codec, self._group, partition
+                )
+                with self._lock:
+                    self._writers[partition] = writer
         with self._lock:
             self._assigned = True
             self._recovering.extend(partitions)
@@ -289,6 +300,17 @@ class Worker:
                     actor.stopping = True
         self._commit()
         self.tracker.forget(partitions)
+        with self._lock:
+            writers = [self._writers.pop(p) for p in partitions if p in self._writers]
+        for writer in writers:
+            writer.close()
+
+    def writer(self, partition: int) -> PartitionWriter:
+        with self._lock:
+            writer = self._writers.get(partition)
+        if writer is None:
+            raise FencedError(f"partition {partition} is not owned by this worker")
+        return writer
 
     def _start_recoveries(self) -> None:
         with self._lock:
@@ -387,7 +409,18 @@ class Worker:
 
     def _drive(self, actor: RunActor) -> None:
         while True:
-            RunLoop(self, actor).drive()
+            try:
+                RunLoop(self, actor).drive()
+            except FencedError as e:
+                # Another worker owns the partition now: stop writing, keep serving
+                # the rest. Its commands were not committed; the owner gets them.
+                log.warning("run %s: %s", actor.run_id, e)
+                with self._lock:
+                    actor.stopping = True
+                    actor.active = False
+                    if self._actors.get(actor.run_id) is actor:
+                        del self._actors[actor.run_id]
+                return
             with self._lock:
                 if actor.stopping or not (actor.inbox or actor.wake):
                     actor.active = False
@@ -425,8 +458,11 @@ class RunLoop:
             self.w.crash.hit(f"before_append:{event.wire_name}")
         started = time.perf_counter()
         try:
-            self.w.log.append(batch)
-        except AppendError:
+            if self.w.settings.fencing == "transactions":
+                self.w.writer(self.actor.partition).append(batch)
+            else:
+                self.w.log.append(batch)
+        except (AppendError, FencedError):
             self.state = None  # not durable: forget what we folded
             raise
         self.w.append_ms.append((time.perf_counter() - started) * 1000)

@@ -200,3 +200,17 @@ garbled = ToolAgent(
     system_prompt="The model answers nonsense.",
     model=ScriptedModel([_garbled], model_id="scripted-garbled"),
 )
+
+
+# -- fencing: a model slow enough to pause a worker in the middle of a call ----------
+slowpoke = ToolAgent(
+    name="slowpoke",
+    system_prompt="File a ticket, slowly.",
+    model=ScriptedModel(
+        [call("create_ticket", "s1", title="filed once"), reply("done")],
+        model_id="scripted-slow",
+        calls_log=CALLS_LOG,
+        delay=2.0,
+    ),
+    tool_list=[ungated_ticket],
+)

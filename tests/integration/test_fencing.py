@@ -1,0 +1,114 @@
+"""Invariant 7: a worker paused past its session timeout loses its partitions, and
+nothing it appends after that is accepted (Kafka transactions fence it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from es_agents.core import replay
+from es_agents.core.events import ModelCallRequested
+from es_agents.demo import ROOT, run_worker, ticket_stats
+from es_agents.settings import KafkaSettings
+from tests.integration.test_runtime import _events, _start
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_zombie_worker_cannot_append_after_losing_its_partitions(
+    env: dict[str, str], kafka_settings: KafkaSettings, tickets_url: str
+) -> None:
+    env = {**env, "ES_AGENTS_SESSION_TIMEOUT_MS": "6000"}
+    run_id = _start(kafka_settings, "slowpoke")
+    zombie = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "es_agents.cli",
+            "worker",
+            "--agent",
+            "tests.agents:slowpoke",
+            "--instance-id",
+            "zombie",
+        ],
+        cwd=ROOT,
+        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not any(
+            isinstance(e, ModelCallRequested) for e in _events(kafka_settings, run_id)
+        ):
+            assert time.monotonic() < deadline, "the first worker never started"
+            time.sleep(0.1)
+        zombie.send_signal(signal.SIGSTOP)  # paused inside a 2 s model call
+
+        # A second worker gets the partitions once the zombie's session expires,
+        # fences its transactional producers, re-issues the dangling model call,
+        # and finishes the run.
+        heir = run_worker(
+            env, agent="tests.agents:slowpoke", instance_id="heir", timeout=120
+        )
+        assert heir.returncode == 0, heir.stderr[-2000:]
+        finished = _events(kafka_settings, run_id)
+        assert replay(finished).status == "completed"
+
+        zombie.send_signal(signal.SIGCONT)  # it wakes, its model call returns...
+        time.sleep(6)  # ...and it tries to append the outcome and the next intention
+    finally:
+        zombie.send_signal(signal.SIGCONT)
+        zombie.terminate()
+        _, stderr = zombie.communicate(timeout=60)
+    after = _events(kafka_settings, run_id)
+    assert after == finished, "a fenced writer's append was accepted"
+    assert "fenced" in stderr or "not owned by this worker" in stderr, stderr[-3000:]
+    attempts = [e.attempt for e in after if isinstance(e, ModelCallRequested)]
+    assert attempts[:2] == [1, 2]  # the zombie's request, re-issued by the heir
+    assert ticket_stats(tickets_url, run_id) == {"tickets": 1, "keys": 1}
+
+
+def test_the_broker_refuses_the_older_writer_of_a_partition(
+    kafka_settings: KafkaSettings,
+) -> None:
+    from es_agents.adapters.fencing import PartitionWriter  # noqa: PLC0415
+    from es_agents.adapters.kafka import KafkaEventLog  # noqa: PLC0415
+    from es_agents.codec import AvroCodec  # noqa: PLC0415
+    from es_agents.core.events import RunStarted, StatePatched  # noqa: PLC0415
+    from es_agents.errors import FencedError  # noqa: PLC0415
+    from es_agents.partitioner import partition_for  # noqa: PLC0415
+
+    codec = AvroCodec()
+    run_id = "run-fence"
+    partition = partition_for(run_id, kafka_settings.partitions)
+    old = PartitionWriter(kafka_settings, codec, "g", partition)
+    old.append(
+        [
+            RunStarted(
+                run_id=run_id, seq=0, step=0, agent="x", input_json="{}", command_id="c"
+            )
+        ]
+    )
+    new = PartitionWriter(kafka_settings, codec, "g", partition)  # the next owner
+    with pytest.raises(FencedError, match="fenced"):
+        old.append(
+            [StatePatched(run_id=run_id, seq=1, step=0, key="zombie", value_json="1")]
+        )
+    new.append(
+        [StatePatched(run_id=run_id, seq=1, step=0, key="owner", value_json="1")]
+    )
+    old.close()
+    new.close()
+    log = KafkaEventLog(kafka_settings)
+    try:
+        events = log.read_run(run_id)
+    finally:
+        log.close()
+    assert [getattr(e, "key", None) for e in events] == [None, "owner"]
