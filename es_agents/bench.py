@@ -158,6 +158,10 @@ def bench_steps(steps: int, echo: Callable[[str], None]) -> dict[str, object]:
         "durability": "acks=all, single broker, page cache (no fsync per message)",
     }
     echo(
+        f"with fencing (ES_AGENTS_FENCING=transactions): {fenced_per_step:.3f} ms "
+        f"per step, commit p50 {fenced_ack_p50:.3f} ms"
+    )
+    echo(
         f"{steps} no-op tool steps (no model): {tool_per_step:.3f} ms per step, "
         f"append ack p50 {ack_p50:.3f} ms"
     )
