@@ -221,6 +221,7 @@ def _long_run(run_id: str, length: int) -> list[Event]:
             agent="bench",
             input_json="{}",
             command_id=f"start-{run_id}",
+            agent_version="bench-gate-loop@1",
         )
     ]
     events += [

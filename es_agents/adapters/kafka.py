@@ -311,11 +311,10 @@ class KafkaEventLog:
             deadline = time.monotonic() + 30
             try:
                 while next_offset < stop:
-                    # consume() waits for a full batch or the timeout: ask for exactly
-                    # what remains so a read returns as soon as it reached the end.
-                    batch = reader.consume(
-                        num_messages=min(2000, stop - next_offset), timeout=0.2
-                    )
+                    # Take what is fetched without waiting for a full batch; a
+                    # transaction marker occupies an offset but is never returned, so
+                    # an empty poll checks the position (which moves past markers).
+                    batch = consume_now(reader, min(2000, stop - next_offset), 0.005)
                     if not batch:
                         position = reader.position([tp])[0].offset
                         if position >= stop:  # only control records were left
