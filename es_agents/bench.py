@@ -95,12 +95,8 @@ def _run(settings: Settings, agent: Agent) -> tuple[list[Event], list[float], fl
 
 
 def bench_steps(steps: int, echo: Callable[[str], None]) -> dict[str, object]:
-    base = load_settings()
-    kafka = base.kafka.model_copy(
-        update={"topic_prefix": f"bench-{uuid.uuid4().hex[:8]}", "partitions": 1}
-    )
-    settings = Settings(**{**base.model_dump(), "kafka": kafka})
-    ensure_topics(kafka)
+    settings = _bench_settings(partitions=1)
+    kafka = settings.kafka
     codec = AvroCodec()
 
     # 1. The protocol alone: no-op tool steps, no model, no transcript; first without
@@ -212,18 +208,21 @@ def _bench_settings(partitions: int, k: int | None = None) -> Settings:
     return settings
 
 
+def _started(run_id: str, agent_version: str = "") -> RunStarted:
+    """A bench run's first event, written straight to the log."""
+    return RunStarted(
+        run_id=run_id,
+        seq=0,
+        step=0,
+        agent="bench",
+        input_json="{}",
+        command_id=f"start-{run_id}",
+        agent_version=agent_version,
+    )
+
+
 def _long_run(run_id: str, length: int) -> list[Event]:
-    events: list[Event] = [
-        RunStarted(
-            run_id=run_id,
-            seq=0,
-            step=0,
-            agent="bench",
-            input_json="{}",
-            command_id=f"start-{run_id}",
-            agent_version="bench-gate-loop@1",
-        )
-    ]
+    events: list[Event] = [_started(run_id, agent_version="bench-gate-loop@1")]
     events += [
         StatePatched(run_id=run_id, seq=n, step=0, key=f"k{n % 16}", value_json=str(n))
         for n in range(1, length - 1)
@@ -319,7 +318,7 @@ def bench_projector(  # noqa: PLR0915 - one straight-line measurement
     """Projection lag under load, and catch-up events/s vs a bare consumer."""
     from projectors.runs import Projector  # noqa: PLC0415
 
-    settings = _bench_settings(partitions=settings_partitions())
+    settings = _bench_settings(partitions=load_settings().kafka.partitions)
     log = KafkaEventLog(settings.kafka)
     projector = Projector(settings, batch_size=2000)
     projector_thread = _in_thread(projector.run)
@@ -333,16 +332,7 @@ def bench_projector(  # noqa: PLR0915 - one straight-line measurement
         while not stop.is_set():
             for run_id in ids:
                 if seqs[run_id] == 0:
-                    batch: list[Event] = [
-                        RunStarted(
-                            run_id=run_id,
-                            seq=0,
-                            step=0,
-                            agent="bench",
-                            input_json="{}",
-                            command_id=f"c-{run_id}",
-                        )
-                    ]
+                    batch: list[Event] = [_started(run_id)]
                 else:
                     batch = [
                         StatePatched(
@@ -424,7 +414,3 @@ def bench_projector(  # noqa: PLR0915 - one straight-line measurement
     )
     echo(json.dumps(result))
     return result
-
-
-def settings_partitions() -> int:
-    return load_settings().kafka.partitions
