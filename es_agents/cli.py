@@ -611,6 +611,59 @@ def bench_projector_command(runs: int, seconds: float) -> None:
     bench_projector(runs, seconds, click.echo)
 
 
+@bench.command("chaos")
+@click.option("--minutes", type=float, default=15, show_default=True)
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--workers", type=int, default=2, show_default=True)
+@click.option("--partitions", type=int, default=4, show_default=True)
+@click.option("--concurrency", type=int, default=30, show_default=True)
+@click.option(
+    "--mean-gap",
+    type=float,
+    default=9.0,
+    show_default=True,
+    help="Mean seconds between faults.",
+)
+@click.option(
+    "--heal-seconds",
+    type=float,
+    default=180,
+    show_default=True,
+    help="Longest the heal phase may take before unsettled runs are violations.",
+)
+def bench_chaos_command(  # noqa: PLR0917 - click passes options positionally
+    minutes: float,
+    seed: int,
+    workers: int,
+    partitions: int,
+    concurrency: int,
+    mean_gap: float,
+    heal_seconds: float,
+) -> None:
+    """Seeded faults on the dev stack, then invariant checks (exit 1 on a violation)."""
+    import logging  # noqa: PLC0415
+
+    from es_agents.chaos.harness import ChaosConfig, bench_chaos  # noqa: PLC0415
+
+    logging.basicConfig(level=logging.WARNING)
+    # The broker going away is the point here: its clients' complaints are not news.
+    logging.getLogger("es_agents.librdkafka").setLevel(logging.CRITICAL)
+    report = bench_chaos(
+        ChaosConfig(
+            minutes=minutes,
+            seed=seed,
+            workers=workers,
+            partitions=partitions,
+            concurrency=concurrency,
+            mean_gap=mean_gap,
+            heal_seconds=heal_seconds,
+        ),
+        click.echo,
+    )
+    if report["violations"]:
+        sys.exit(1)
+
+
 @cli.command()
 def demo() -> None:
     """The research agent through an approval gate and a worker crash (real stack)."""

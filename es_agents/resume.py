@@ -80,7 +80,9 @@ class RunLoader:
             ).fetchone()
         return int(row[0]) if row is not None else 0
 
-    def load(self, run_id: str) -> Loaded:
+    def load(self, run_id: str, at_least: int = 0) -> Loaded:
+        """``at_least``: the caller's own last committed offset on the run's
+        partition; the tail is read at least that far (read your writes)."""
         partition = self.log.partition_for(run_id)
         if self.wait > 0:
             end = self.log.end_offset(self.log.settings.events_topic, partition)
@@ -100,7 +102,9 @@ class RunLoader:
             ).fetchone()
         projected = int(offset_row[0]) if offset_row is not None else 0
         tail = 0
-        for event in self.log.read_run(run_id, from_offset=projected):
+        for event in self.log.read_run(
+            run_id, from_offset=projected, at_least=at_least
+        ):
             if state is None or event.seq > state.seq:
                 state = fold(
                     state if state is not None else RunState(run_id=run_id), event

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator
@@ -146,6 +147,11 @@ class Settings(BaseSettings):
     )
     projector_group: str | None = Field(
         default=None, description="The projector's consumer group (PREFIX.projector)"
+    )
+    ack_journal: Path | None = Field(
+        default=None,
+        description="Append run_id/seq/event_id of every acknowledged event here "
+        "(bench chaos checks it against the log)",
     )
 
     @property

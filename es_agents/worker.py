@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from es_agents.ack_journal import AckJournal
 from es_agents.adapters.fencing import PartitionWriter
 from es_agents.adapters.kafka import DeadLetterQueue, KafkaEventLog, KafkaSource
 from es_agents.adapters.postgres import Database, PostgresEffectLedger, PostgresTimers
@@ -166,6 +167,7 @@ class Worker:
         self.until_idle = until_idle
         self.idle_seconds = idle_seconds
         self.crash = crash if crash is not None else CrashPoints.from_env()
+        self.journal = AckJournal(settings.ack_journal)
         kafka = settings.kafka
         self.log = KafkaEventLog(kafka)
         self.dlq = DeadLetterQueue(kafka, self.log.link)
@@ -274,6 +276,7 @@ class Worker:
             self.source.close()
             self.log.close()
             self.db.close()
+            self.journal.close()
 
     def _fire_timer(self, timer: str, run_id: str, due_at: datetime) -> None:
         self.log.send(FireTimer(run_id=run_id, timer_id=timer, due_at=due_at))
@@ -311,6 +314,12 @@ class Worker:
         if writer is None:
             raise FencedError(f"partition {partition} is not owned by this worker")
         return writer
+
+    def committed_end(self, partition: int) -> int:
+        """The offset after this worker's last commit on the partition (0 if none)."""
+        with self._lock:
+            writer = self._writers.get(partition)
+        return writer.committed_end if writer is not None else 0
 
     def _start_recoveries(self) -> None:
         with self._lock:
@@ -439,7 +448,9 @@ class RunLoop:
         self.agent = worker.agent
         self.buffer: list[Event] = []
         # Snapshot + at most K events (plus the projector's lag), not the whole log.
-        self.state: RunState | None = worker.loader.load(actor.run_id).state
+        self.state: RunState | None = worker.loader.load(
+            actor.run_id, at_least=worker.committed_end(actor.partition)
+        ).state
 
     # -- appends -------------------------------------------------------------------
     def add(self, event_type: type[Event], **fields: object) -> Event:
@@ -466,6 +477,7 @@ class RunLoop:
             self.state = None  # not durable: forget what we folded
             raise
         self.w.append_ms.append((time.perf_counter() - started) * 1000)
+        self.w.journal.record(batch)
         for event in batch:
             self.w.crash.hit(f"after_append:{event.wire_name}")
 

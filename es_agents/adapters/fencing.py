@@ -17,9 +17,9 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import final
+from typing import Any, final
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -59,6 +59,12 @@ class PartitionWriter:
             ) from e
         self._queue: queue.Queue[_Request | None] = queue.Queue()
         self._fenced = False
+        self._closed = False
+        # The offset after the last record this writer committed. A commit returns
+        # before the broker has written the commit markers, so until they are, a
+        # read_committed reader stops short of it: a run loaded right after its own
+        # commit must read at least this far (read your writes).
+        self.committed_end = 0
         self._thread = threading.Thread(
             target=self._run, daemon=True, name=f"es-writer-p{partition}"
         )
@@ -66,8 +72,11 @@ class PartitionWriter:
 
     def append(self, events: Sequence[Event]) -> None:
         """Return once the events are committed; raise FencedError if fenced."""
-        if self._fenced:
-            raise FencedError(f"{self.topic}[{self.partition}]: this writer was fenced")
+        if self._fenced or self._closed:
+            raise FencedError(
+                f"{self.topic}[{self.partition}]: this writer was "
+                + ("fenced" if self._fenced else "closed: the partition was revoked")
+            )
         future: Future[None] = Future()
         records = [(e.run_id, self.codec.encode(e)) for e in events]
         self._queue.put((records, future))
@@ -98,11 +107,17 @@ class PartitionWriter:
     def _commit(self, records: list[tuple[str, bytes]]) -> Exception | None:
         if self._fenced:
             return FencedError(f"{self.topic}[{self.partition}]: fenced")
+        offsets: list[int] = []
+
+        def delivered(err: KafkaError | None, msg: Any) -> None:
+            if err is None and msg.offset() is not None:
+                offsets.append(msg.offset())
+
         try:
             self._producer.begin_transaction()
             for key, value in records:
-                self._produce(key, value)
-            self._producer.commit_transaction(30)
+                self._produce(key, value, delivered)
+            self._producer.commit_transaction(30)  # flushes: serves `delivered`
         except KafkaException as e:
             err: KafkaError = e.args[0]
             if err.fatal() or err.code() in (
@@ -119,13 +134,21 @@ class PartitionWriter:
                 except KafkaException as abort_error:
                     log.warning("abort failed: %s", abort_error)
             return AppendError(f"{self.topic}[{self.partition}]: not committed: {err}")
+        if offsets:
+            self.committed_end = max(self.committed_end, max(offsets) + 1)
         return None
 
-    def _produce(self, key: str, value: bytes) -> None:
+    def _produce(
+        self, key: str, value: bytes, delivered: Callable[[Any, Any], None]
+    ) -> None:
         while True:
             try:
                 self._producer.produce(
-                    self.topic, key=key, value=value, partition=self.partition
+                    self.topic,
+                    key=key,
+                    value=value,
+                    partition=self.partition,
+                    on_delivery=delivered,
                 )
             except BufferError:
                 self._producer.poll(0.01)
@@ -133,6 +156,7 @@ class PartitionWriter:
                 return
 
     def close(self) -> None:
+        self._closed = True
         self._queue.put(None)
         self._thread.join(30)
         self._producer.flush(5)

@@ -261,13 +261,16 @@ class KafkaEventLog:
         return partition_for(run_id, self.settings.partitions)
 
     # -- reading ---------------------------------------------------------------
-    def read_run(self, run_id: str, from_offset: int = 0) -> list[Event]:
-        """The run's events from ``from_offset`` of its partition to the current end."""
+    def read_run(
+        self, run_id: str, from_offset: int = 0, at_least: int = 0
+    ) -> list[Event]:
+        """The run's events from ``from_offset`` of its partition to the current end
+        (and at least to ``at_least``: see ``read_partition``)."""
         partition = self.partition_for(run_id)
         key = run_id.encode()
         events: list[Event] = []
         for msg in self.read_partition(
-            self.settings.events_topic, partition, from_offset
+            self.settings.events_topic, partition, from_offset, at_least=at_least
         ):
             if msg.key() == key:
                 events.append(self._decode_at(msg))
@@ -295,13 +298,33 @@ class KafkaEventLog:
         return commands
 
     def read_partition(
-        self, topic: str, partition: int, start: int = 0, end: int | None = None
+        self,
+        topic: str,
+        partition: int,
+        start: int = 0,
+        end: int | None = None,
+        at_least: int = 0,
     ) -> Iterator[Message]:
-        """Messages of one partition from ``start`` to ``end`` (default: its end)."""
+        """Messages of one partition from ``start`` to ``end`` (default: its end).
+
+        ``at_least``: an offset this process knows is committed (its own last
+        transaction). The end a read_committed reader sees moves past a transaction
+        only once the broker wrote its commit markers, which may be a moment after
+        the commit returned; the read waits for that instead of missing it.
+        """
         with self._reader_lock:
             reader = self._reader_consumer()
             tp = TopicPartition(topic, partition)
             low, high = _watermarks(reader, tp)
+            deadline = time.monotonic() + 30
+            while high < at_least:
+                if time.monotonic() > deadline:
+                    raise Unavailable(
+                        f"{topic}[{partition}]: committed up to {at_least} but "
+                        f"readable only up to {high}"
+                    )
+                time.sleep(0.001)
+                low, high = _watermarks(reader, tp)
             stop = high if end is None else min(end, high)
             first = max(start, low)
             if first >= stop:

@@ -68,6 +68,8 @@ class Database:
     def migrate(self, dry_run: bool = False) -> list[Migration]:
         """Apply the migrations not applied yet (each in its own transaction)."""
         with self.transaction() as conn:
+            # Workers and projectors start together: one migrates, the rest wait.
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS es_schema_migrations ("
                 " version integer PRIMARY KEY, name text NOT NULL,"
@@ -91,6 +93,9 @@ class Database:
 
     def close(self) -> None:
         self.pool.close()
+
+
+MIGRATION_LOCK = 0x65_73_61_67  # "esag": the advisory lock taken while migrating
 
 
 def _safe(url: str) -> str:
