@@ -142,12 +142,14 @@ def decide(  # noqa: PLR0912 - one branch per command and verdict
     if isinstance(command, StartRun):
         if state is not None:
             if command.command_id in state.command_ids:
+                _same_as_applied(state, command)
                 return []
             raise Refused(f"run {command.run_id} already exists")
         raise Refused("start_run is applied by the worker with the agent's versions")
     if state is None:
         raise Refused(f"unknown run {command.run_id}")
     if command.command_id in state.command_ids:
+        _same_as_applied(state, command)
         return []
     if state.terminal:
         raise Refused(f"run {state.run_id} is {state.status}")
@@ -188,6 +190,36 @@ def decide(  # noqa: PLR0912 - one branch per command and verdict
     else:
         raise Refused(f"unknown command {command.wire_name}")
     return out.events
+
+
+def _same_as_applied(state: RunState, command: Command) -> None:
+    """A resent command is a no-op; a command id reused for another body is refused.
+
+    Compared with what the state keeps of the id: a start's agent and input, and a
+    gate decided ahead of time (decision and author). A decision that resumed the
+    run keeps only its id in the state, so a reuse of that id is a no-op.
+    """
+    differs: list[str] = []
+    if isinstance(command, StartRun):
+        if command.agent != state.agent:
+            differs.append(f"agent {command.agent!r}, not {state.agent!r}")
+        if command.input_json != state.input_json:
+            differs.append("another input")
+    if isinstance(command, Approve | Reject):
+        decision = "approved" if isinstance(command, Approve) else "rejected"
+        for gate, early in state.early_decisions.items():
+            if early.get("command_id") != command.command_id:
+                continue
+            if early.get("decision") != decision or early.get("by") != command.by:
+                differs.append(
+                    f"gate {gate!r} was {early.get('decision')} by {early.get('by')}"
+                )
+    if differs:
+        raise Refused(
+            f"command id {command.command_id!r} was already applied to run "
+            f"{state.run_id} with another body ({'; '.join(differs)}); "
+            "a new command needs a new id"
+        )
 
 
 def _decide_gate(state: RunState, command: Approve | Reject, out: EventBuilder) -> None:

@@ -101,7 +101,7 @@ def test_bad_commands_go_to_the_dlq_and_the_worker_keeps_serving(
     )
     start = StartRun(run_id=victim, agent="picky", command_id="same-id")
     raw.produce(kafka_settings.commands_topic, key=victim, value=codec.encode(start))
-    # The same command id again, with another body: applied once, the rest ignored.
+    # The same command id again, with another body: refused with the reason.
     twin = StartRun(
         run_id=victim,
         agent="picky",
@@ -130,5 +130,8 @@ def test_bad_commands_go_to_the_dlq_and_the_worker_keeps_serving(
     assert any("unknown schema fingerprint" in r for r in reasons), reasons
     assert any("invalid values" in r for r in reasons)
     assert any(r.startswith(f"refused: unknown run {victim}") for r in reasons), reasons
+    assert any("already applied" in r and "another input" in r for r in reasons), (
+        reasons
+    )
     other = _dlq_reasons(kafka_settings, victim + "-x")
     assert any("agent 'nobody' is not served here" in r for r in other), other

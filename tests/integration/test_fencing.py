@@ -112,3 +112,47 @@ def test_the_broker_refuses_the_older_writer_of_a_partition(
     finally:
         log.close()
     assert [getattr(e, "key", None) for e in events] == [None, "owner"]
+
+
+def test_a_writer_reads_its_own_commits_at_once(kafka_settings: KafkaSettings) -> None:
+    """A commit returns before the broker wrote its markers; a read that asks for at
+    least the writer's committed end still sees it (a run loaded right after its own
+    worker's commit)."""
+    from es_agents.adapters.fencing import PartitionWriter  # noqa: PLC0415
+    from es_agents.adapters.kafka import KafkaEventLog  # noqa: PLC0415
+    from es_agents.codec import AvroCodec  # noqa: PLC0415
+    from es_agents.core.events import RunStarted, StatePatched  # noqa: PLC0415
+    from es_agents.errors import FencedError  # noqa: PLC0415
+    from es_agents.partitioner import partition_for  # noqa: PLC0415
+
+    run_id = "run-read-your-writes"
+    partition = partition_for(run_id, kafka_settings.partitions)
+    writer = PartitionWriter(kafka_settings, AvroCodec(), "ryw", partition)
+    log = KafkaEventLog(kafka_settings)
+    try:
+        writer.append(
+            [
+                RunStarted(
+                    run_id=run_id,
+                    seq=0,
+                    step=0,
+                    agent="x",
+                    input_json="{}",
+                    command_id="c",
+                )
+            ]
+        )
+        for seq in range(1, 60):
+            writer.append(
+                [StatePatched(run_id=run_id, seq=seq, step=0, key="k", value_json="1")]
+            )
+            end = writer.committed_end
+            seen = log.read_run(run_id, from_offset=end - 1, at_least=end)
+            assert [e.seq for e in seen] == [seq]
+    finally:
+        writer.close()
+        log.close()
+    with pytest.raises(FencedError, match="closed"):  # a revoked partition's writer
+        writer.append(
+            [StatePatched(run_id=run_id, seq=60, step=0, key="k", value_json="1")]
+        )

@@ -113,6 +113,26 @@ def test_early_decision_is_kept_once_and_used_at_the_gate() -> None:
     assert not pass_gate(state, "create_ticket", EventBuilder(state))
 
 
+def test_a_command_id_reused_for_another_body_is_refused() -> None:
+    state = _started()
+    first = StartRun(run_id=RUN, agent=state.agent, input_json=state.input_json)
+    first = first.model_copy(update={"command_id": next(iter(state.command_ids))})
+    assert decide(state, first) == []  # resent as it was: nothing happens
+    twin = first.model_copy(update={"input_json": '{"other": true}'})
+    with pytest.raises(Refused, match=r"another body \(another input\)"):
+        decide(state, twin)
+
+    early = Approve(run_id=RUN, by="ann", gate="create_ticket", command_id="c-1")
+    decide(state, early)
+    assert decide(state, early) == []
+    with pytest.raises(Refused, match="was approved by ann"):
+        decide(
+            state, Reject(run_id=RUN, by="ann", gate="create_ticket", command_id="c-1")
+        )
+    with pytest.raises(Refused, match="was approved by ann"):
+        decide(state, early.model_copy(update={"by": "bob"}))
+
+
 def test_timers_wake_only_their_own_sleep() -> None:
     state = _started()
     event = EventBuilder(state).add(
