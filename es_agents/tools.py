@@ -22,12 +22,26 @@ A = TypeVar("A", bound=BaseModel)
 
 @dataclass(frozen=True)
 class ToolContext:
-    """What a tool gets besides its arguments."""
+    """What a tool gets besides its arguments.
+
+    ``partition`` and ``epoch`` are the fencing token of the calling worker: the epoch
+    grows each time the run's partition changes owner. A downstream that remembers
+    the highest epoch it saw per partition can refuse a lower one (a worker that lost
+    the partition but does not know it yet); the tool then raises ``FencedError``, the
+    worker stops the run, and the partition's owner makes the call.
+    """
 
     run_id: str
     step: int
     idempotency_key: str  # run_id:step; pass it to the downstream
     attempt: int = 1
+    partition: int = -1
+    epoch: int = 0
+
+    @property
+    def fencing_token(self) -> str:
+        """``p<partition>.e<epoch>``, for a header."""
+        return f"p{self.partition}.e{self.epoch}"
 
 
 @dataclass(frozen=True)

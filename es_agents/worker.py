@@ -29,7 +29,12 @@ from pydantic import JsonValue
 from es_agents.ack_journal import AckJournal
 from es_agents.adapters.fencing import PartitionWriter
 from es_agents.adapters.kafka import DeadLetterQueue, KafkaEventLog, KafkaSource
-from es_agents.adapters.postgres import Database, PostgresEffectLedger, PostgresTimers
+from es_agents.adapters.postgres import (
+    Database,
+    PostgresEffectLedger,
+    PostgresTimers,
+    next_epoch,
+)
 from es_agents.agent import Agent, code_revision
 from es_agents.core.commands import Command, FireTimer, StartRun
 from es_agents.core.events import (
@@ -199,6 +204,7 @@ class Worker:
         self._assigned = False
         self._group = group_id or f"{kafka.topic_prefix}.workers"
         self._writers: dict[int, PartitionWriter] = {}
+        self._epochs: dict[int, int] = {}  # fencing tokens for tools, per partition
         self._stop = threading.Event()
         self._fatal: BaseException | None = None
         self.source: KafkaSource[Command] = KafkaSource(
@@ -284,6 +290,10 @@ class Worker:
     # -- partitions ------------------------------------------------------------------
     def _on_assign(self, partitions: list[int]) -> None:
         log.info("assigned partitions %s", partitions)
+        for partition in partitions:
+            epoch = next_epoch(self.db, self._group, partition)
+            with self._lock:
+                self._epochs[partition] = epoch
         if self.settings.fencing == "transactions":
             for partition in partitions:  # fences whoever wrote these partitions
                 writer = PartitionWriter(
@@ -305,6 +315,8 @@ class Worker:
         self.tracker.forget(partitions)
         with self._lock:
             writers = [self._writers.pop(p) for p in partitions if p in self._writers]
+            for partition in partitions:
+                self._epochs.pop(partition, None)
         for writer in writers:
             writer.close()
 
@@ -314,6 +326,13 @@ class Worker:
         if writer is None:
             raise FencedError(f"partition {partition} is not owned by this worker")
         return writer
+
+    def epoch(self, partition: int) -> int:
+        with self._lock:
+            epoch = self._epochs.get(partition)
+        if epoch is None:
+            raise FencedError(f"partition {partition} is not owned by this worker")
+        return epoch
 
     def committed_end(self, partition: int) -> int:
         """The offset after this worker's last commit on the partition (0 if none)."""
@@ -447,6 +466,7 @@ class RunLoop:
         self.actor = actor
         self.agent = worker.agent
         self.buffer: list[Event] = []
+        self.epoch = worker.epoch(actor.partition)  # this activation's fencing token
         # Snapshot + at most K events (plus the projector's lag), not the whole log.
         self.state: RunState | None = worker.loader.load(
             actor.run_id, at_least=worker.committed_end(actor.partition)
@@ -720,13 +740,20 @@ class RunLoop:
         if tool is None:
             result, error = None, f"unknown tool {step.tool!r}"
         else:
-            ctx = ToolContext(state.run_id, number, key)
+            ctx = self.context(state.run_id, number, key)
             result, error = self.invoke(tool, step.args, ctx)
         self.w.crash.hit("after_action:tool")
         if result is _UNCERTAIN:
             self.uncertain(state, key, step.tool, step.call_id)
             return
         self.add(ToolReturned, call_id=step.call_id, result_json=result, error=error)
+
+    def context(
+        self, run_id: str, step: int, key: str, attempt: int = 1
+    ) -> ToolContext:
+        return ToolContext(
+            run_id, step, key, attempt, partition=self.actor.partition, epoch=self.epoch
+        )
 
     def invoke(
         self,
@@ -743,7 +770,12 @@ class RunLoop:
             if record.status == "started":
                 return _UNCERTAIN, None
             self.w.crash.hit("after_claim:tool")
-        result, error = self._call(tool, args, ctx)
+        try:
+            result, error = self._call(tool, args, ctx)
+        except FencedError:
+            if tool.needs_dedupe_table:  # refused downstream: the call did not happen
+                ledger.release(ctx.idempotency_key)
+            raise
         if tool.needs_dedupe_table:
             ledger.finish(ctx.idempotency_key, result, error)
         return result, error
@@ -766,6 +798,8 @@ class RunLoop:
                 continue
             except TerminalToolError as e:
                 return None, str(e)
+            except FencedError:
+                raise  # the downstream refused our fencing token: we lost the run
             except Exception as e:
                 return None, f"{type(e).__name__}: {e}"
             limit = self.w.settings.kafka.max_event_bytes
@@ -804,7 +838,7 @@ class RunLoop:
         tool = self.agent.tools.get(pending.tool)
         if tool is None:
             return None, f"unknown tool {pending.tool!r}"
-        ctx = ToolContext(state.run_id, pending.step, key, attempt=2)
+        ctx = self.context(state.run_id, pending.step, key, attempt=2)
         args = _args(pending.args_json)
         if not tool.side_effect:
             return self._call(tool, args, ctx)

@@ -214,3 +214,44 @@ slowpoke = ToolAgent(
     ),
     tool_list=[ungated_ticket],
 )
+
+
+# -- fencing tokens: a downstream that refuses a worker older than the newest ---------
+class FenceFile:
+    """The downstream's memory, in ``ES_AGENTS_TEST_FENCE`` (JSON): the newest epoch
+    per partition, and every call it accepted."""
+
+    @staticmethod
+    def path() -> Path:
+        return Path(os.environ["ES_AGENTS_TEST_FENCE"])
+
+    @classmethod
+    def read(cls) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(cls.path().read_text())
+        return data
+
+
+@tool(EmailArgs)
+def guarded_email(args: EmailArgs, ctx: ToolContext) -> JsonValue:
+    """An email service that checks the caller's fencing token before sending."""
+    from es_agents.errors import FencedError  # noqa: PLC0415
+
+    data = FenceFile.read()
+    newest = int(data["epochs"].get(str(ctx.partition), 0))
+    if ctx.epoch < newest:
+        raise FencedError(f"token {ctx.fencing_token} is older than epoch {newest}")
+    data["epochs"][str(ctx.partition)] = ctx.epoch
+    data["sent"].append({"key": ctx.idempotency_key, "token": ctx.fencing_token})
+    FenceFile.path().write_text(json.dumps(data))
+    return {"sent": args.to}
+
+
+fenced_mailer = ToolAgent(
+    name="fenced_mailer",
+    system_prompt="Email ops once.",
+    model=ScriptedModel(
+        [call("guarded_email", "f1", to="ops@example.com", body="hi"), reply("done")],
+        model_id="scripted-fenced",
+    ),
+    tool_list=[guarded_email],
+)

@@ -112,6 +112,21 @@ class EffectRecord:
     error: str | None = None
 
 
+def next_epoch(db: Database, group_id: str, partition: int) -> int:
+    """Take the partition's next epoch: the fencing token of its new owner."""
+    with db.transaction() as conn:
+        row = conn.execute(
+            "INSERT INTO partition_epochs (group_id, partition, epoch) "
+            "VALUES (%s, %s, 1) ON CONFLICT (group_id, partition) DO UPDATE "
+            "SET epoch = partition_epochs.epoch + 1, taken_at = now() "
+            "RETURNING epoch",
+            (group_id, partition),
+        ).fetchone()
+    if row is None:
+        raise ConfigError(f"no epoch for partition {partition} of {group_id}")
+    return int(row[0])
+
+
 @final
 class PostgresEffectLedger:
     """The dedupe table: at most one call per idempotency key for tools that cannot
@@ -141,6 +156,15 @@ class PostgresEffectLedger:
             ).rowcount
         if updated != 1:
             raise ConfigError(f"effect {key} was not started, or already finished")
+
+    def release(self, key: str) -> None:
+        """Drop a claim whose call provably did not happen (the downstream refused
+        the caller's fencing token), so the partition's owner can make it."""
+        with self._db.transaction() as conn:
+            conn.execute(
+                "DELETE FROM effects WHERE idempotency_key = %s AND status = 'started'",
+                (key,),
+            )
 
     def get(self, key: str) -> EffectRecord | None:
         with self._db.transaction() as conn:

@@ -5,7 +5,8 @@ dedupes by ``Idempotency-Key`` and answers lookups), then to ``send_email`` (the
 downstream knows nothing of keys: the dedupe table guards it), then the run sleeps
 until ``started_at + input.sleep_seconds`` (a timer row), and the model answers. Both
 tools go to the effects service of ``es_agents.chaos.effects`` at
-``ES_AGENTS_CHAOS_EFFECTS_URL``, which counts every effect per key.
+``ES_AGENTS_CHAOS_EFFECTS_URL``, which counts every effect per key. Both send the
+worker's fencing token; a refusal (409) raises ``FencedError``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pydantic import BaseModel, JsonValue
 from es_agents.agent import ToolAgent
 from es_agents.core.state import RunState
 from es_agents.core.step import Fail, Interrupt, Step
-from es_agents.errors import RetryableToolError
+from es_agents.errors import FencedError, RetryableToolError
 from es_agents.models import ModelClient, ScriptedModel, call, reply
 from es_agents.tools import Lookup, Tool, ToolContext, tool
 
@@ -42,7 +43,9 @@ def _request(request: urllib.request.Request | str) -> JsonValue:
         with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310
             body: JsonValue = json.loads(response.read())
             return body
-    except urllib.error.HTTPError:
+    except urllib.error.HTTPError as e:
+        if e.code == 409:  # the downstream saw a newer owner of the partition
+            raise FencedError(f"effects service: {e.read().decode()}") from e
         raise
     except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
         raise RetryableToolError(f"effects service: {e}") from e
@@ -81,6 +84,7 @@ def charge(args: ChargeArgs, ctx: ToolContext) -> JsonValue:
             headers={
                 "Content-Type": "application/json",
                 "Idempotency-Key": ctx.idempotency_key,
+                "X-Fencing-Token": ctx.fencing_token,
             },
             method="POST",
         )
@@ -94,7 +98,10 @@ def send_email(args: EmailArgs, ctx: ToolContext) -> JsonValue:
         urllib.request.Request(  # noqa: S310 - the local effects service
             _url("/emails"),
             data=json.dumps({"to": args.to, "key": ctx.idempotency_key}).encode(),
-            headers={"Content-Type": "application/json"},
+            headers={
+                "Content-Type": "application/json",
+                "X-Fencing-Token": ctx.fencing_token,
+            },
             method="POST",
         )
     )

@@ -5,6 +5,9 @@ API; a repeated key returns the first charge and counts as a re-send, not an eff
 ``GET /charges?key=K``: the lookup (200 with the charge, or 404).
 ``POST /emails`` (``{"to", "key"}``): sends one email per request, whatever the key;
 the key is only recorded, so a second email for one key is a duplicate effect.
+Both POSTs carry the caller's fencing token (``X-Fencing-Token: p<n>.e<epoch>``): a
+token older than the newest seen for its partition is refused with 409, before any
+effect (a worker that lost the partition and does not know it yet).
 
 It runs inside the chaos harness (a thread), so no fault the harness injects stops it,
 and its counts are the ground truth the checks compare with.
@@ -26,6 +29,8 @@ class EffectsService:
         self.charges: dict[str, dict[str, Any]] = {}
         self.charge_requests: Counter[str] = Counter()
         self.emails: Counter[str] = Counter()
+        self.epochs: dict[str, int] = {}
+        self.fenced: Counter[str] = Counter()
         self._server = ThreadingHTTPServer((host, port), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(
@@ -51,6 +56,22 @@ class EffectsService:
             counts = Counter(dict.fromkeys(self.charges, 1))
             counts.update(self.emails)
             return counts
+
+    def admit(self, token: str | None, what: str) -> bool:
+        """True unless ``token`` is older than the newest seen for its partition."""
+        if not token:
+            return True
+        partition, _, epoch_text = token.partition(".e")
+        try:
+            epoch = int(epoch_text)
+        except ValueError:
+            return True
+        with self._lock:
+            if epoch < self.epochs.get(partition, 0):
+                self.fenced[what] += 1
+                return False
+            self.epochs[partition] = epoch
+            return True
 
     def charge(self, key: str, cents: int) -> tuple[bool, dict[str, Any]]:
         with self._lock:
@@ -93,6 +114,11 @@ class EffectsService:
                     body = self._body()
                 except ValueError:
                     self._send(400, {"error": "body must be a JSON object"})
+                    return
+                if path in ("/charges", "/emails") and not service.admit(
+                    self.headers.get("X-Fencing-Token"), path.strip("/")
+                ):
+                    self._send(409, {"error": "fenced: a newer owner has called"})
                     return
                 if path == "/charges":
                     key = self.headers.get("Idempotency-Key")

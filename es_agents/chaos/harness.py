@@ -575,6 +575,7 @@ class Chaos:
                 n - 1 for n in self.effects.charge_requests.values() if n > 1
             ),
             "effects": sum(self.effects.effects().values()),
+            "calls_refused_by_fencing_token": sum(self.effects.fenced.values()),
             "violations": {k: len(v) for k, v in violations.items()},
         }
         self._print(report, violations)
@@ -724,6 +725,8 @@ class Chaos:
             f"{report['reconciled_tool_calls']}; dangling model calls re-issued "
             f"{report['dangling_model_calls_reissued']}; charge re-sends absorbed "
             f"downstream {report['charge_resends_absorbed_downstream']}; "
+            "calls refused by fencing token "
+            f"{report['calls_refused_by_fencing_token']}; "
             f"acknowledgements checked {getattr(self, 'acks', 0)}"
         )
         total = sum(len(v) for v in violations.values())

@@ -3,11 +3,13 @@ nothing it appends after that is accepted (Kafka transactions fence it)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -156,3 +158,48 @@ def test_a_writer_reads_its_own_commits_at_once(kafka_settings: KafkaSettings) -
         writer.append(
             [StatePatched(run_id=run_id, seq=60, step=0, key="k", value_json="1")]
         )
+
+
+def test_a_downstream_refusing_an_old_fencing_token_leaves_the_call_to_the_owner(
+    env: dict[str, str],
+    kafka_settings: KafkaSettings,
+    database_url: str,
+    tmp_path: Path,
+) -> None:
+    """Each owner of a partition gets the next epoch, passed to tools as a fencing
+    token. A call refused for an old token did not happen: its ledger claim is
+    released, the worker stops that run, and the partition's next owner makes it."""
+    import psycopg  # noqa: PLC0415
+
+    from es_agents.partitioner import partition_for  # noqa: PLC0415
+
+    run_id = _start(kafka_settings, "fenced_mailer")
+    partition = partition_for(run_id, kafka_settings.partitions)
+    group = f"{kafka_settings.topic_prefix}.workers"
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute(
+            "SELECT epoch FROM partition_epochs WHERE group_id = %s AND partition = %s",
+            (group, partition),
+        ).fetchone()
+    now = row[0] if row is not None else 0
+    # The downstream has already seen the epoch the owner after next will take.
+    fence = tmp_path / "fence.json"
+    fence.write_text(json.dumps({"epochs": {str(partition): now + 2}, "sent": []}))
+    env = {**env, "ES_AGENTS_TEST_FENCE": str(fence)}
+
+    old = run_worker(env, agent="tests.agents:fenced_mailer", instance_id="fence")
+    assert old.returncode == 0, old.stderr[-2000:]  # it kept serving, then idled
+    assert "older than epoch" in old.stderr, old.stderr[-2000:]
+    state = replay(_events(kafka_settings, run_id))
+    assert type(state.pending).__name__ == "PendingToolCall"  # not called, not done
+    with psycopg.connect(database_url) as conn:
+        claims = conn.execute(
+            "SELECT count(*) FROM effects WHERE run_id = %s", (run_id,)
+        ).fetchone()
+    assert claims == (0,)  # the refused call's claim was released
+
+    owner = run_worker(env, agent="tests.agents:fenced_mailer", instance_id="fence")
+    assert owner.returncode == 0, owner.stderr[-2000:]
+    assert replay(_events(kafka_settings, run_id)).status == "completed"
+    sent = json.loads(fence.read_text())["sent"]
+    assert sent == [{"key": f"{run_id}:2", "token": f"p{partition}.e{now + 2}"}], sent
