@@ -347,7 +347,7 @@ class Chaos:
         self.workers, self.projector = self._children()
         children = [*self.workers, self.projector]
         self.echo(
-            f"chaos seed {config.seed}: {len(self.schedule)} faults in "
+            f"chaos seed {config.seed}: up to {len(self.schedule)} faults in "
             f"{config.minutes * 60:.0f} s (schedule {fingerprint(self.schedule)}), "
             f"{config.workers} workers, {config.partitions} partitions, "
             f"{config.concurrency} concurrent runs; logs in {self.work}"
@@ -436,19 +436,24 @@ class Chaos:
 
     # -- faults --------------------------------------------------------------------
     def _inject(self) -> None:
+        """Each fault after its quiet gap, counted from the end of the previous one;
+        none starts after the fault window."""
+        window_end = self.t0 + self.config.minutes * 60
         for fault in self.schedule:
-            delay = self.t0 + fault.at - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
+            due = time.monotonic() + fault.gap
+            if due >= window_end:
+                return
+            time.sleep(fault.gap)
             started = time.monotonic()
+            at = started - self.t0
             try:
                 self._apply(fault)
             except Exception as e:  # a fault that could not be injected is reported
-                self.timeline.append(f"{fault.at:7.1f}s {fault.kind} FAILED: {e}")
+                self.timeline.append(f"{at:7.1f}s {fault.kind} FAILED: {e}")
                 continue
             self.injected[fault.kind] += 1
             self.timeline.append(
-                f"{fault.at:7.1f}s {fault.kind}"
+                f"{at:7.1f}s {fault.kind}"
                 + (f" worker-{fault.worker}" if fault.worker >= 0 else "")
                 + (f" then {fault.crash_at}" if fault.crash_at else "")
                 + f" ({time.monotonic() - started:.1f} s)"

@@ -1,9 +1,11 @@
 """The fault schedule: which fault happens when, from a seed alone (pure).
 
 Faults come in rounds; each round has every kind once, in a seeded order, so a short
-run still sees each kind. Gaps between faults are drawn around ``mean_gap`` seconds.
-The same seed, duration and worker count give the same schedule, printed with its
-fingerprint so two runs can be compared.
+run still sees each kind. Before each fault the system gets a quiet gap drawn around
+``mean_gap`` seconds, counted from the end of the previous fault (a broker restart
+takes seconds; faults never pile up behind a slow one). The same seed, duration and
+worker count give the same schedule, printed with its fingerprint so two runs can be
+compared; how many of its faults fit in the window depends on how long they take.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ CRASH_POINTS = (
 
 @dataclass(frozen=True)
 class Fault:
-    at: float  # seconds after the start of the fault window
+    gap: float  # quiet seconds between the end of the previous fault and this one
     kind: str
     worker: int = -1  # which worker, for worker faults
     crash_at: str = ""  # ES_AGENTS_CRASH_AT of the replacement, for kill_worker
@@ -51,12 +53,14 @@ def fault_schedule(
         raise ValueError("a chaos run needs at least one worker")
     rng = random.Random(seed)  # noqa: S311 - reproducible, not secret
     faults: list[Fault] = []
-    at = rng.uniform(0.3, 0.7) * mean_gap
+    gap = rng.uniform(0.3, 0.7) * mean_gap
+    total = 0.0
     while True:
         kinds = list(KINDS)
         rng.shuffle(kinds)
         for kind in kinds:
-            if at >= seconds:
+            total += gap
+            if total >= seconds:
                 return faults
             worker = rng.randrange(workers) if kind.endswith("_worker") else -1
             crash_at = (
@@ -64,8 +68,8 @@ def fault_schedule(
                 if kind == "kill_worker"
                 else ""
             )
-            faults.append(Fault(round(at, 2), kind, worker, crash_at))
-            at += rng.uniform(0.5, 1.5) * mean_gap
+            faults.append(Fault(round(gap, 2), kind, worker, crash_at))
+            gap = rng.uniform(0.5, 1.5) * mean_gap
 
 
 def fingerprint(faults: list[Fault]) -> str:
