@@ -281,8 +281,8 @@ def bench_resume(
                 t0 = time.perf_counter()
                 log.send(Approve(run_id=run_id, by="bench"))
                 deadline = t0 + 30
-                # Two appends: the command's `resumed`, then the next step's event.
-                while len(worker.append_ms) < before + 2:
+                # One append: the command's `resumed` with the next step's event.
+                while len(worker.append_ms) < before + 1:
                     if time.perf_counter() > deadline:
                         raise RuntimeError(f"no step for {run_id}")
                     time.sleep(0.0002)

@@ -334,6 +334,10 @@ class Worker:
             raise FencedError(f"partition {partition} is not owned by this worker")
         return epoch
 
+    def current_epoch(self, partition: int) -> int | None:
+        with self._lock:
+            return self._epochs.get(partition)
+
     def committed_end(self, partition: int) -> int:
         """The offset after this worker's last commit on the partition (0 if none)."""
         with self._lock:
@@ -467,6 +471,15 @@ class RunLoop:
         self.agent = worker.agent
         self.buffer: list[Event] = []
         self.epoch = worker.epoch(actor.partition)  # this activation's fencing token
+        # The partition's writer when this activation began: if the partition is
+        # revoked (even if it comes back), this loop can append nothing more.
+        self.writer = (
+            worker.writer(actor.partition)
+            if worker.settings.fencing == "transactions"
+            else None
+        )
+        # Offsets of applied commands, done once their events are durable.
+        self.applied: list[int] = []
         # Snapshot + at most K events (plus the projector's lag), not the whole log.
         self.state: RunState | None = worker.loader.load(
             actor.run_id, at_least=worker.committed_end(actor.partition)
@@ -481,25 +494,36 @@ class RunLoop:
         return event
 
     def flush(self) -> None:
-        """Make everything buffered durable (one acknowledgement)."""
-        if not self.buffer:
-            return
-        batch, self.buffer = self.buffer, []
-        for event in batch:
-            self.w.crash.hit(f"before_append:{event.wire_name}")
-        started = time.perf_counter()
-        try:
-            if self.w.settings.fencing == "transactions":
-                self.w.writer(self.actor.partition).append(batch)
-            else:
-                self.w.log.append(batch)
-        except (AppendError, FencedError):
-            self.state = None  # not durable: forget what we folded
-            raise
-        self.w.append_ms.append((time.perf_counter() - started) * 1000)
-        self.w.journal.record(batch)
-        for event in batch:
-            self.w.crash.hit(f"after_append:{event.wire_name}")
+        """Make everything buffered durable (one acknowledgement), then let the
+        offsets of the commands that caused it be committed."""
+        if self.buffer:
+            batch, self.buffer = self.buffer, []
+            for event in batch:
+                self.w.crash.hit(f"before_append:{event.wire_name}")
+            started = time.perf_counter()
+            try:
+                self._append(batch)
+            except (AppendError, FencedError):
+                self.state = None  # not durable: forget what we folded
+                raise
+            self.w.append_ms.append((time.perf_counter() - started) * 1000)
+            self.w.journal.record(batch)
+            for event in batch:
+                self.w.crash.hit(f"after_append:{event.wire_name}")
+        applied, self.applied = self.applied, []
+        for offset in applied:
+            self.w.tracker.done(self.actor.partition, offset)
+
+    def _append(self, batch: list[Event]) -> None:
+        if self.w.current_epoch(self.actor.partition) != self.epoch:
+            raise FencedError(
+                f"partition {self.actor.partition} was reassigned since "
+                f"run {self.actor.run_id} was loaded"
+            )
+        if self.writer is not None:
+            self.writer.append(batch)
+        else:
+            self.w.log.append(batch)
 
     # -- the loop ------------------------------------------------------------------
     def drive(self) -> None:
@@ -565,10 +589,11 @@ class RunLoop:
             self.add(StatePatched, key=key, value_json=canonical_json(value))
 
     def apply_commands(self) -> None:
-        """Apply every queued command, make their events durable in one append,
-        then let their offsets be committed."""
+        """Apply every queued command. Their events become durable with the next
+        append — with the intention of the step they allow, when the run goes on,
+        so a resume costs one acknowledgement — and their offsets are committed
+        after it."""
         w = self.w
-        applied: list[int] = []
         while True:
             with w._lock:
                 item = self.actor.inbox.popleft() if self.actor.inbox else None
@@ -579,11 +604,7 @@ class RunLoop:
                 self.apply(command)
             except Refused as e:
                 self.refuse(command, offset, e)
-            applied.append(offset)
-        if applied:
-            self.flush()
-            for offset in applied:
-                w.tracker.done(self.actor.partition, offset)
+            self.applied.append(offset)
 
     def refuse(self, command: Command, offset: int, reason: Refused) -> None:
         w = self.w
@@ -624,6 +645,7 @@ class RunLoop:
     def advance(self, state: RunState) -> None:
         pending = state.pending
         if isinstance(pending, PendingToolCall):
+            self.flush()  # reconciling may call the tool: what led here is durable
             self.reconcile(state, pending)
             return
         step = self.agent.plan(state)

@@ -337,7 +337,7 @@ class KafkaEventLog:
                     # Take what is fetched without waiting for a full batch; a
                     # transaction marker occupies an offset but is never returned, so
                     # an empty poll checks the position (which moves past markers).
-                    batch = consume_now(reader, min(2000, stop - next_offset), 0.005)
+                    batch = consume_now(reader, min(2000, stop - next_offset), 0.001)
                     if not batch:
                         position = reader.position([tp])[0].offset
                         if position >= stop:  # only control records were left
