@@ -84,6 +84,7 @@ class Child:
     exits: Counter[str] = field(default_factory=Counter)
     next_start: float = 0.0
     backoff: float = 0.5
+    started_at: float = 0.0
 
     def start(self, crash_at: str = "") -> None:
         env = {**self.env, "ES_AGENTS_CRASH_AT": crash_at}
@@ -98,6 +99,7 @@ class Child:
                 start_new_session=True,
             )
         self.crash_at, self.killed = crash_at, False
+        self.started_at = time.monotonic()
 
     def running(self) -> bool:
         return self.popen is not None and self.popen.poll() is None
@@ -136,9 +138,9 @@ class Child:
                 else:
                     kind = f"exit_{code}"
                 self.exits[kind] += 1
-                self.backoff = (
-                    0.5 if kind != f"exit_{code}" else min(self.backoff * 2, 8)
-                )
+                ran = time.monotonic() - self.started_at
+                failing = kind == f"exit_{code}" and ran < 30
+                self.backoff = min(self.backoff * 2, 8) if failing else 0.5
                 self.next_start = time.monotonic() + self.backoff
                 return
             if time.monotonic() >= self.next_start:
