@@ -13,6 +13,7 @@ whole partition is folded, as the log does.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,8 @@ from es_agents.core.fold import fold
 from es_agents.core.snapshot import REDUCER_VERSION, from_snapshot
 from es_agents.core.state import RunState
 
+log = logging.getLogger(__name__)
+
 
 def load_projected(
     conn: psycopg.Connection[Any], codec: AvroCodec, run_id: str
@@ -37,7 +40,16 @@ def load_projected(
         "AND reducer_version = %s ORDER BY seq DESC LIMIT 1",
         (run_id, REDUCER_VERSION),
     ).fetchone()
-    state = from_snapshot(row[1]) if row is not None else None
+    state = None
+    if row is not None:
+        try:
+            state = from_snapshot(row[1])
+        except (TypeError, KeyError, ValueError) as e:
+            # A snapshot is a cache of the fold: one this code cannot read (written
+            # by other code under the same reducer version) is skipped, and the
+            # run's projected events are folded from the start instead.
+            log.warning("run %s: unreadable snapshot at seq %s (%s)", run_id, row[0], e)
+            row = None
     after = row[0] if row is not None else -1
     folded = 0
     for (payload,) in conn.execute(

@@ -231,6 +231,24 @@ def test_resume_reads_a_snapshot_and_at_most_k_events(
         assert loaded.snapshot_seq is not None
         assert loaded.events_from_db < k
         assert loaded.events_from_log == 0
+        # A snapshot this code cannot read (written by other code under the same
+        # reducer version) is skipped: the projected events are folded instead.
+        with db.transaction() as conn:
+            conn.execute(
+                "UPDATE run_snapshots SET state = jsonb_set(state, "
+                "'{versions,from_other_code}', '1') WHERE run_id = %s",
+                (run_id,),
+            )
+        fallback = RunLoader(db, log, settings.projector_group_id).load(run_id)
+        assert fallback.state == replay(events)
+        assert fallback.snapshot_seq is None
+        assert fallback.events_from_db == len(events)
+        with db.transaction() as conn:
+            conn.execute(
+                "UPDATE run_snapshots SET state = "
+                "state #- '{versions,from_other_code}' WHERE run_id = %s",
+                (run_id,),
+            )
         # Events the projector has not seen come from the log, still exactly.
         state = loaded.state
         assert state is not None
