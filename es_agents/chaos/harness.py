@@ -383,7 +383,9 @@ class Chaos:
             self.sender.close()
             self.watcher.close()
             self.effects.stop()
-        if not report["violations"]:
+        if report["violations"]:
+            self.echo(f"kept database {self.database} and the logs for inspection")
+        else:
             self.stack.postgres.drop_database(self.database)
         return report
 
