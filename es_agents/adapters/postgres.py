@@ -189,8 +189,12 @@ class PostgresTimers:
     def schedule(self, timer_id: str, run_id: str, due_at: datetime) -> None:
         with self._db.transaction() as conn:
             conn.execute(
+                # The same sleep scheduled again (its `interrupted` was not committed
+                # the first time, and the timer may have fired at a run that was not
+                # asleep yet): arm it again.
                 "INSERT INTO timers (timer_id, run_id, due_at) VALUES (%s, %s, %s) "
-                "ON CONFLICT (timer_id) DO NOTHING",
+                "ON CONFLICT (timer_id) DO UPDATE "
+                "SET due_at = EXCLUDED.due_at, fired_at = NULL",
                 (timer_id, run_id, due_at),
             )
 

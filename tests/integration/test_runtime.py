@@ -349,3 +349,35 @@ def test_a_timer_survives_worker_restarts_and_fires_by_the_database_clock(
     assert due_at == wake_at
     assert fired_at is not None
     assert fired_at >= due_at
+
+
+def test_a_sleep_scheduled_again_is_armed_again(database_url: str) -> None:
+    """A sleep whose `interrupted` was not committed is planned again with the same
+    timer id; if its timer already fired (at a run that was not asleep yet, so it
+    woke nothing), scheduling it again must arm it again."""
+    from datetime import UTC, datetime, timedelta  # noqa: PLC0415
+
+    from es_agents.adapters.postgres import Database, PostgresTimers  # noqa: PLC0415
+
+    db = Database(database_url)
+    db.migrate()
+    timers = PostgresTimers(db)
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    timer = f"{run_id}:7"
+    due = datetime.now(UTC) - timedelta(seconds=1)
+    fired: list[str] = []
+
+    def fire(timer_id: str, run_id: str, due_at: datetime) -> None:
+        if timer_id == timer:
+            fired.append(timer_id)
+
+    try:
+        timers.schedule(timer, run_id, due)
+        timers.fire_due(fire)
+        timers.fire_due(fire)  # fired once, then marked
+        assert fired == [timer]
+        timers.schedule(timer, run_id, due)
+        timers.fire_due(fire)
+        assert fired == [timer, timer]
+    finally:
+        db.close()
