@@ -15,6 +15,7 @@ and its counts are the ground truth the checks compare with.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections import Counter
@@ -101,7 +102,9 @@ class EffectsService:
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                # A caller killed mid-call cannot read the answer; the effect counts.
+                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                    self.wfile.write(data)
 
             def _body(self) -> dict[str, Any]:
                 length = int(self.headers.get("Content-Length", "0"))
