@@ -102,6 +102,11 @@ def where(msg: Message) -> tuple[str, int, int]:
     return topic, partition, offset
 
 
+def _is_eof(msg: Message) -> bool:
+    err = msg.error()
+    return err is not None and err.code() == KafkaError._PARTITION_EOF
+
+
 def _watermarks(consumer: Consumer, tp: TopicPartition) -> tuple[int, int]:
     """Low and high watermarks; a topic created a moment ago may take a few hundred
     milliseconds to reach this client's metadata, so unknown partitions are retried."""
@@ -313,19 +318,13 @@ class KafkaEventLog:
         the commit returned; the read waits for that instead of missing it.
         """
         with self._reader_lock:
+            if end is None:
+                yield from self._read_to_eof(topic, partition, start, at_least)
+                return
             reader = self._reader_consumer()
             tp = TopicPartition(topic, partition)
             low, high = _watermarks(reader, tp)
-            deadline = time.monotonic() + 30
-            while high < at_least:
-                if time.monotonic() > deadline:
-                    raise Unavailable(
-                        f"{topic}[{partition}]: committed up to {at_least} but "
-                        f"readable only up to {high}"
-                    )
-                time.sleep(0.001)
-                low, high = _watermarks(reader, tp)
-            stop = high if end is None else min(end, high)
+            stop = min(end, high)
             first = max(start, low)
             if first >= stop:
                 return
@@ -348,6 +347,8 @@ class KafkaEventLog:
                             )
                         continue
                     for msg in batch:
+                        if _is_eof(msg):
+                            continue
                         if msg.error() is not None:
                             raise Unavailable(f"{topic}[{partition}]: {msg.error()}")
                         offset = where(msg)[2]
@@ -358,12 +359,48 @@ class KafkaEventLog:
             finally:
                 reader.unassign()
 
+    def _read_to_eof(
+        self, topic: str, partition: int, start: int, at_least: int
+    ) -> Iterator[Message]:
+        """To the partition's current end, as the fetch itself reports it (partition
+        EOF): no separate round trip for the watermarks. The end a read_committed
+        reader sees is the last stable offset, past any commit marker."""
+        reader = self._reader_consumer()
+        tp = TopicPartition(topic, partition)
+        reader.assign([TopicPartition(topic, partition, start or OFFSET_BEGINNING)])
+        started = time.monotonic()
+        checked = started
+        try:
+            while True:
+                batch = consume_now(reader, 2000, 0.001)
+                for msg in batch:
+                    if _is_eof(msg):
+                        if (msg.offset() or 0) >= at_least:
+                            return
+                        continue  # our own commit's markers are not written yet
+                    if msg.error() is not None:
+                        raise Unavailable(f"{topic}[{partition}]: {msg.error()}")
+                    yield msg
+                now = time.monotonic()
+                if not batch and now - checked > 0.05:
+                    # No end reported for a while: ask the broker where the end is.
+                    checked = now
+                    high = _watermarks(reader, tp)[1]
+                    position = reader.position([tp])[0].offset
+                    if position >= max(high, at_least):
+                        return
+                if now - started > 30:
+                    raise Unavailable(f"{topic}[{partition}]: no end reached in 30 s")
+        finally:
+            reader.unassign()
+
     def _reader_consumer(self) -> Consumer:
         if self._reader is None:
             conf = self.settings.consumer_config(f"{self.settings.topic_prefix}.reader")
-            # Reads stop at an end offset known in advance, so never let the broker park
-            # a fetch at the end of a partition (default 500 ms) before the next read.
-            conf["fetch.wait.max.ms"] = 5
+            # Reads stop at the end the fetch reports (partition EOF), so never let
+            # the broker park a fetch at the end of a partition (default 500 ms).
+            conf["fetch.wait.max.ms"] = 0
+            conf["enable.partition.eof"] = True
             self._reader = Consumer(_client(conf))
         return self._reader
 
