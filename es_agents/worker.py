@@ -328,8 +328,7 @@ class Worker:
         return writer
 
     def epoch(self, partition: int) -> int:
-        with self._lock:
-            epoch = self._epochs.get(partition)
+        epoch = self.current_epoch(partition)
         if epoch is None:
             raise FencedError(f"partition {partition} is not owned by this worker")
         return epoch

@@ -303,96 +303,49 @@ class KafkaEventLog:
         return commands
 
     def read_partition(
-        self,
-        topic: str,
-        partition: int,
-        start: int = 0,
-        end: int | None = None,
-        at_least: int = 0,
+        self, topic: str, partition: int, start: int = 0, at_least: int = 0
     ) -> Iterator[Message]:
-        """Messages of one partition from ``start`` to ``end`` (default: its end).
+        """Messages of one partition from ``start`` to its current end, as the fetch
+        itself reports it (partition EOF): no separate round trip for the
+        watermarks. The end a read_committed reader sees is the last stable offset,
+        past any commit marker.
 
         ``at_least``: an offset this process knows is committed (its own last
-        transaction). The end a read_committed reader sees moves past a transaction
-        only once the broker wrote its commit markers, which may be a moment after
-        the commit returned; the read waits for that instead of missing it.
+        transaction). The end moves past a transaction only once the broker wrote its
+        commit markers, which may be a moment after the commit returned; the read
+        waits for that instead of missing it.
         """
         with self._reader_lock:
-            if end is None:
-                yield from self._read_to_eof(topic, partition, start, at_least)
-                return
             reader = self._reader_consumer()
             tp = TopicPartition(topic, partition)
-            low, high = _watermarks(reader, tp)
-            stop = min(end, high)
-            first = max(start, low)
-            if first >= stop:
-                return
-            reader.assign([TopicPartition(topic, partition, first or OFFSET_BEGINNING)])
-            next_offset = first
-            deadline = time.monotonic() + 30
+            reader.assign([TopicPartition(topic, partition, start or OFFSET_BEGINNING)])
+            started = time.monotonic()
+            checked = started
             try:
-                while next_offset < stop:
-                    # Take what is fetched without waiting for a full batch; a
-                    # transaction marker occupies an offset but is never returned, so
-                    # an empty poll checks the position (which moves past markers).
-                    batch = consume_now(reader, min(2000, stop - next_offset), 0.001)
-                    if not batch:
-                        position = reader.position([tp])[0].offset
-                        if position >= stop:  # only control records were left
-                            return
-                        if time.monotonic() > deadline:
-                            raise Unavailable(
-                                f"{topic}[{partition}]: stalled at {position} < {stop}"
-                            )
-                        continue
+                while True:
+                    batch = consume_now(reader, 2000, 0.001)
                     for msg in batch:
                         if _is_eof(msg):
-                            continue
+                            if (msg.offset() or 0) >= at_least:
+                                return
+                            continue  # our own commit's markers are not written yet
                         if msg.error() is not None:
                             raise Unavailable(f"{topic}[{partition}]: {msg.error()}")
-                        offset = where(msg)[2]
-                        if offset >= stop:
-                            return
-                        next_offset = offset + 1
                         yield msg
+                    now = time.monotonic()
+                    if not batch and now - checked > 0.05:
+                        # No end reported for a while: ask the broker where the end is.
+                        checked = now
+                        high = _watermarks(reader, tp)[1]
+                        position = reader.position([tp])[0].offset
+                        if position >= max(high, at_least):
+                            return
+                    if now - started > 30:
+                        raise Unavailable(
+                            f"{topic}[{partition}]: no end reached in 30 s"
+                        )
             finally:
                 reader.unassign()
-
-    def _read_to_eof(
-        self, topic: str, partition: int, start: int, at_least: int
-    ) -> Iterator[Message]:
-        """To the partition's current end, as the fetch itself reports it (partition
-        EOF): no separate round trip for the watermarks. The end a read_committed
-        reader sees is the last stable offset, past any commit marker."""
-        reader = self._reader_consumer()
-        tp = TopicPartition(topic, partition)
-        reader.assign([TopicPartition(topic, partition, start or OFFSET_BEGINNING)])
-        started = time.monotonic()
-        checked = started
-        try:
-            while True:
-                batch = consume_now(reader, 2000, 0.001)
-                for msg in batch:
-                    if _is_eof(msg):
-                        if (msg.offset() or 0) >= at_least:
-                            return
-                        continue  # our own commit's markers are not written yet
-                    if msg.error() is not None:
-                        raise Unavailable(f"{topic}[{partition}]: {msg.error()}")
-                    yield msg
-                now = time.monotonic()
-                if not batch and now - checked > 0.05:
-                    # No end reported for a while: ask the broker where the end is.
-                    checked = now
-                    high = _watermarks(reader, tp)[1]
-                    position = reader.position([tp])[0].offset
-                    if position >= max(high, at_least):
-                        return
-                if now - started > 30:
-                    raise Unavailable(f"{topic}[{partition}]: no end reached in 30 s")
-        finally:
-            reader.unassign()
 
     def _reader_consumer(self) -> Consumer:
         if self._reader is None:

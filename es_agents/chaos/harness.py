@@ -539,7 +539,7 @@ class Chaos:
         for key, count in self.effects.effects().items():
             if count > 1:
                 violations["duplicate_effect"].append(f"{key}: {count} effects")
-        self._check_acks(runs, violations)
+        acks = self._check_acks(runs, violations)
         reissued = self._check_model_calls(runs, violations)
         self._check_projection(states, runs, violations)
 
@@ -584,6 +584,7 @@ class Chaos:
                 n - 1 for n in self.effects.charge_requests.values() if n > 1
             ),
             "effects": sum(self.effects.effects().values()),
+            "acknowledgements_checked": acks,
             "calls_refused_by_fencing_token": sum(self.effects.fenced.values()),
             "violations": {k: len(v) for k, v in violations.items()},
         }
@@ -608,20 +609,22 @@ class Chaos:
 
     def _check_acks(
         self, runs: dict[str, list[Event]], violations: dict[str, list[str]]
-    ) -> None:
+    ) -> int:
+        """Checks every journaled acknowledgement; returns how many there were."""
         path = self.work / "acks.log"
         if not path.exists():
-            return
+            return 0
         ids = {(e.run_id, e.seq): e.event_id for es in runs.values() for e in es}
-        self.acks = 0
+        acks = 0
         for acked in read_journal(path):
-            self.acks += 1
+            acks += 1
             found = ids.get((acked.run_id, acked.seq))
             if found != acked.event_id:
                 violations["lost_acknowledged_event"].append(
                     f"{acked.run_id} seq {acked.seq}: acknowledged {acked.event_id}, "
                     f"log has {found}"
                 )
+        return acks
 
     def _check_model_calls(
         self, runs: dict[str, list[Event]], violations: dict[str, list[str]]
@@ -736,7 +739,7 @@ class Chaos:
             f"downstream {report['charge_resends_absorbed_downstream']}; "
             "calls refused by fencing token "
             f"{report['calls_refused_by_fencing_token']}; "
-            f"acknowledgements checked {getattr(self, 'acks', 0)}"
+            f"acknowledgements checked {report['acknowledgements_checked']}"
         )
         total = sum(len(v) for v in violations.values())
         echo(f"violations: {total}")
