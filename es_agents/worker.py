@@ -514,9 +514,14 @@ class RunLoop:
             self.w.tracker.done(self.actor.partition, offset)
 
     def _append(self, batch: list[Event]) -> None:
-        if self.w.current_epoch(self.actor.partition) != self.epoch:
+        epoch = self.w.current_epoch(self.actor.partition)
+        if epoch is None:
             raise FencedError(
-                f"partition {self.actor.partition} was reassigned since "
+                f"partition {self.actor.partition} is not owned by this worker"
+            )
+        if epoch != self.epoch:
+            raise FencedError(
+                f"fenced: partition {self.actor.partition} was reassigned since "
                 f"run {self.actor.run_id} was loaded"
             )
         if self.writer is not None:
