@@ -61,6 +61,11 @@ class ToolAgent:
     def tools(self) -> Mapping[str, Tool[Any]]:
         return {t.name: t for t in self.tool_list}
 
+    @property
+    def gates(self) -> frozenset[str]:
+        """The approval gates this agent can stop at: its tools that need approval."""
+        return frozenset(t.name for t in self.tool_list if t.requires_approval)
+
     def versions(self) -> dict[str, str | int]:
         return {
             "agent_version": f"{self.name}@{self.version}",
@@ -109,6 +114,15 @@ class ToolAgent:
         if last is not None and last.get("role") == "assistant":
             return Finish({"answer": last.get("content")})
         return CallModel(self.messages(state), dict(self.params))
+
+
+def declared_gates(agent: Agent) -> frozenset[str] | None:
+    """An agent's gates when it declares them (``gates``), else None: then any gate
+    name is accepted ahead of time."""
+    gates = getattr(agent, "gates", None)
+    if gates is None:
+        return None
+    return frozenset(str(g) for g in gates)
 
 
 def load_agent(spec: str) -> Agent:

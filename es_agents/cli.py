@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from collections.abc import Callable
@@ -10,10 +9,10 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from es_agents.errors import ConfigError, EsAgentsError
+from es_agents.errors import ConfigError, EsAgentsError, Unavailable
 
 if TYPE_CHECKING:
-    from es_agents.adapters.kafka import KafkaEventLog
+    from es_agents.client import Client, CommandResult
     from es_agents.core import Command, RunState
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -101,20 +100,29 @@ def dev_status(as_json: bool) -> None:
 
 @cli.command()
 @click.option(
-    "--partitions", type=int, default=None, help="Override ES_AGENTS_PARTITIONS."
+    "--partitions",
+    type=int,
+    default=None,
+    help="Partitions of topics created now (default ES_AGENTS_PARTITIONS); "
+    "existing topics keep theirs.",
 )
-def topics(partitions: int | None) -> None:
-    """Create the commands, events and DLQ topics (idempotent)."""
+@click.option(
+    "--fix-retention",
+    is_flag=True,
+    help="Make existing topics keep every record (retention.ms=-1, "
+    "retention.bytes=-1) instead of refusing them.",
+)
+def topics(partitions: int | None, fix_retention: bool) -> None:
+    """Create the commands, events and DLQ topics (idempotent) and check them:
+    retention forever, commands and events with the same partition count."""
     from es_agents.adapters.kafka import ensure_topics  # noqa: PLC0415
     from es_agents.settings import load_settings  # noqa: PLC0415
 
     overrides = {} if partitions is None else {"partitions": partitions}
     settings = load_settings(**overrides).kafka
-    ensure_topics(settings)
-    click.echo(
-        f"{settings.commands_topic}, {settings.events_topic}, {settings.dlq_topic}: "
-        f"{settings.partitions} partitions"
-    )
+    counts = ensure_topics(settings, fix_retention=fix_retention)
+    for topic, count in counts.items():
+        click.echo(f"{topic}: {count} partitions, retention forever")
 
 
 @cli.command()
@@ -169,56 +177,46 @@ def replay(run_id: str, as_json: bool, record_to: str | None) -> None:
         click.echo(f"status={state.status} step={state.step} events={state.seq + 1}")
 
 
-def _log() -> KafkaEventLog:
-    from es_agents.adapters.kafka import KafkaEventLog  # noqa: PLC0415
-    from es_agents.settings import load_settings  # noqa: PLC0415
+def _client() -> Client:
+    from es_agents.client import Client  # noqa: PLC0415
 
-    return KafkaEventLog(load_settings().kafka)
-
-
-def _state_of(log: KafkaEventLog, run_id: str) -> RunState | None:
-    from es_agents.core import replay as fold_all  # noqa: PLC0415
-
-    events = log.read_run(run_id)
-    return fold_all(events) if events else None
+    return Client()
 
 
-def _send_checked(command: Command) -> None:
-    """Check the command against the run as the log has it, then send it.
+def wait_options(fn: F) -> F:
+    """--wait / --no-wait: how long to wait for the worker's verdict."""
+    fn = click.option(
+        "--no-wait",
+        is_flag=True,
+        help="Do not wait for the worker's verdict (the command is queued).",
+    )(fn)
+    return click.option(
+        "--wait",
+        "wait_seconds",
+        type=float,
+        default=10.0,
+        show_default=True,
+        help="Seconds to wait for the worker's verdict.",
+    )(fn)
 
-    The worker checks again when it applies it; this check gives the person a clear
-    error now instead of a DLQ entry later.
-    """
-    from es_agents.core import RunState, fold  # noqa: PLC0415
-    from es_agents.core.commands import StartRun  # noqa: PLC0415
-    from es_agents.core.step import Refused, decide, start  # noqa: PLC0415
 
-    log = _log()
-    try:
-        state = _state_of(log, command.run_id)
-        # Commands sent but not applied yet count too: two approvals sent a moment
-        # apart must not both pass this check, and a run just started exists.
-        for earlier in log.read_commands(command.run_id):
-            if state is None and isinstance(earlier, StartRun):
-                state = fold(RunState(run_id=earlier.run_id), start(earlier))
-            elif state is not None and earlier.command_id not in state.command_ids:
-                with contextlib.suppress(Refused):  # refused by the worker too
-                    decide(state, earlier)
-        try:
-            if not decide(state, command):
-                click.echo(
-                    f"{command.wire_name} was already applied to {command.run_id}"
-                )
-                return
-        except Refused as e:
-            raise click.ClickException(str(e)) from e
-        position = log.send(command)
-    finally:
-        log.close()
-    click.echo(
-        f"{command.wire_name} {command.run_id}: sent "
-        f"({position.topic}[{position.partition}]@{position.offset})"
-    )
+def _report(result: CommandResult, as_json: bool, quiet_applied: bool = False) -> None:
+    """Print a command's fate; exit 1 when it was refused."""
+    if as_json:
+        _echo_json(
+            {
+                "command": result.command.wire_name,
+                "command_id": result.command.command_id,
+                "run_id": result.run_id,
+                "status": result.status,
+                "reason": result.reason,
+            }
+        )
+    elif not (quiet_applied and result.status == "applied"):
+        what = f"{result.command.wire_name} {result.run_id}: {result.status}"
+        click.echo(what + (f" ({result.reason})" if result.reason else ""), err=True)
+    if result.status == "refused":
+        sys.exit(1)
 
 
 @cli.command()
@@ -300,31 +298,40 @@ def worker(  # noqa: PLR0917 - click passes options positionally
     help="The run's input as JSON.",
 )
 @click.option("--run-id", default=None, help="Default: a new UUID.")
-def start_run(agent: str, input_json: str, run_id: str | None) -> None:
-    """Start a run of AGENT; prints the run id."""
-    import json as json_module  # noqa: PLC0415
-    import uuid  # noqa: PLC0415
+@wait_options
+@click.option("--json", "as_json", is_flag=True)
+def start_run(  # noqa: PLR0917 - click passes options positionally
+    agent: str,
+    input_json: str,
+    run_id: str | None,
+    wait_seconds: float,
+    no_wait: bool,
+    as_json: bool,
+) -> None:
+    """Start a run of AGENT; prints the run id, then what became of the start."""
+    _require_json(input_json, "--input")
+    with _client() as client:
+        result = client.start(
+            agent, input_json, run_id, wait=0 if no_wait else wait_seconds
+        )
+    if not as_json and result.status != "refused":
+        click.echo(result.run_id)
+    _report(result, as_json, quiet_applied=True)
 
-    from es_agents.core.commands import StartRun  # noqa: PLC0415
 
+def _require_json(text: str, option: str) -> None:
     try:
-        json_module.loads(input_json)
+        json.loads(text)
     except ValueError as e:
-        raise click.BadParameter(f"not JSON: {e}", param_hint="--input") from e
-    from es_agents.adapters.kafka import ensure_topics  # noqa: PLC0415
+        raise click.BadParameter(f"not JSON: {e}", param_hint=option) from e
 
-    command = StartRun(
-        run_id=run_id or str(uuid.uuid4()), agent=agent, input_json=input_json
-    )
-    log = _log()
-    try:
-        ensure_topics(log.settings)
-        if log.read_run(command.run_id):
-            raise click.ClickException(f"run {command.run_id} already exists")
-        log.send(command)
-    finally:
-        log.close()
-    click.echo(command.run_id)
+
+def _decide(
+    command: Command, wait_seconds: float, no_wait: bool, as_json: bool
+) -> None:
+    with _client() as client:
+        result = client.send(command, wait=0 if no_wait else wait_seconds)
+    _report(result, as_json)
 
 
 @cli.command()
@@ -332,11 +339,22 @@ def start_run(agent: str, input_json: str, run_id: str | None) -> None:
 @click.option("--by", required=True, help="Who approves.")
 @click.option("--gate", default=None, help="Approve a named gate ahead of time.")
 @click.option("--comment", default=None)
-def approve(run_id: str, by: str, gate: str | None, comment: str | None) -> None:
+@wait_options
+@click.option("--json", "as_json", is_flag=True)
+def approve(  # noqa: PLR0917 - click passes options positionally
+    run_id: str,
+    by: str,
+    gate: str | None,
+    comment: str | None,
+    wait_seconds: float,
+    no_wait: bool,
+    as_json: bool,
+) -> None:
     """Approve the gate RUN waits at (or --gate, ahead of time)."""
     from es_agents.core.commands import Approve  # noqa: PLC0415
 
-    _send_checked(Approve(run_id=run_id, by=by, gate=gate, comment=comment))
+    command = Approve(run_id=run_id, by=by, gate=gate, comment=comment)
+    _decide(command, wait_seconds, no_wait, as_json)
 
 
 @cli.command()
@@ -344,33 +362,65 @@ def approve(run_id: str, by: str, gate: str | None, comment: str | None) -> None
 @click.option("--by", required=True, help="Who rejects.")
 @click.option("--gate", default=None, help="Reject a named gate ahead of time.")
 @click.option("--reason", default=None)
-def reject(run_id: str, by: str, gate: str | None, reason: str | None) -> None:
+@wait_options
+@click.option("--json", "as_json", is_flag=True)
+def reject(  # noqa: PLR0917 - click passes options positionally
+    run_id: str,
+    by: str,
+    gate: str | None,
+    reason: str | None,
+    wait_seconds: float,
+    no_wait: bool,
+    as_json: bool,
+) -> None:
     """Reject the gate RUN waits at (or --gate, ahead of time)."""
     from es_agents.core.commands import Reject  # noqa: PLC0415
 
-    _send_checked(Reject(run_id=run_id, by=by, gate=gate, reason=reason))
+    command = Reject(run_id=run_id, by=by, gate=gate, reason=reason)
+    _decide(command, wait_seconds, no_wait, as_json)
 
 
 @cli.command("provide-input")
 @click.argument("run_id")
 @click.option("--by", required=True)
 @click.option("--input", "input_json", required=True, help="JSON.")
-def provide_input(run_id: str, by: str, input_json: str) -> None:
+@wait_options
+@click.option("--json", "as_json", is_flag=True)
+def provide_input(  # noqa: PLR0917 - click passes options positionally
+    run_id: str,
+    by: str,
+    input_json: str,
+    wait_seconds: float,
+    no_wait: bool,
+    as_json: bool,
+) -> None:
     """Give RUN the input it waits for (or settle an uncertain effect's result)."""
     from es_agents.core.commands import ProvideInput  # noqa: PLC0415
 
-    _send_checked(ProvideInput(run_id=run_id, by=by, input_json=input_json))
+    _require_json(input_json, "--input")
+    command = ProvideInput(run_id=run_id, by=by, input_json=input_json)
+    _decide(command, wait_seconds, no_wait, as_json)
 
 
 @cli.command()
 @click.argument("run_id")
 @click.option("--by", required=True)
 @click.option("--reason", default=None)
-def cancel(run_id: str, by: str, reason: str | None) -> None:
-    """Stop RUN for good."""
+@wait_options
+@click.option("--json", "as_json", is_flag=True)
+def cancel(  # noqa: PLR0917 - click passes options positionally
+    run_id: str,
+    by: str,
+    reason: str | None,
+    wait_seconds: float,
+    no_wait: bool,
+    as_json: bool,
+) -> None:
+    """Stop RUN for good (status cancelled)."""
     from es_agents.core.commands import Cancel  # noqa: PLC0415
 
-    _send_checked(Cancel(run_id=run_id, by=by, reason=reason))
+    command = Cancel(run_id=run_id, by=by, reason=reason)
+    _decide(command, wait_seconds, no_wait, as_json)
 
 
 def _summary(state: RunState) -> dict[str, object]:
@@ -410,38 +460,36 @@ def _summary(state: RunState) -> dict[str, object]:
 @click.argument("run_id")
 @click.option("--json", "as_json", is_flag=True)
 def status(run_id: str, as_json: bool) -> None:
-    """A run's status, step, what it waits for, and its versions.
+    """A run's status, step, what it waits for, its versions, and the commands
+    refused for it. A run whose start waits for a worker is ``pending``.
 
     Read like a worker resumes it: the latest snapshot in Postgres, the projected
     events after it, and the log beyond the projector's offset.
     """
-    from es_agents.adapters.postgres import Database  # noqa: PLC0415
-    from es_agents.resume import RunLoader  # noqa: PLC0415
-    from es_agents.settings import load_settings  # noqa: PLC0415
-
-    settings = load_settings()
-    log = _log()
-    db = Database(settings.database_url.get_secret_value(), max_size=2)
-    try:
-        db.migrate()
-        loaded = RunLoader(db, log, settings.projector_group_id).load(run_id)
-    finally:
-        log.close()
-        db.close()
-    state = loaded.state
-    if state is None:
-        raise click.ClickException(f"unknown run {run_id}")
-    summary = _summary(state)
-    summary["loaded_from"] = {
-        "snapshot_seq": loaded.snapshot_seq,
-        "events_from_postgres": loaded.events_from_db,
-        "events_from_log": loaded.events_from_log,
-    }
+    with _client() as client:
+        view = client.status(run_id)
+    summary: dict[str, object] = (
+        _summary(view.state)
+        if view.state is not None
+        else {"run_id": run_id, "agent": view.agent, "status": view.status}
+    )
+    if view.refused:
+        summary["refused_commands"] = [
+            {"command": v.type, "command_id": v.command_id, "reason": v.reason}
+            for v in view.refused
+        ]
+    if view.dead_letters:
+        summary["dead_letters"] = [
+            {"topic": t, "partition": p, "offset": o, "reason": r}
+            for t, p, o, r in view.dead_letters
+        ]
+    if view.loaded_from:
+        summary["loaded_from"] = view.loaded_from
     if as_json:
         _echo_json(summary)
         return
     for key, value in summary.items():
-        if value not in (None, "", {}):
+        if value not in (None, "", {}, []):
             click.echo(f"{key:>16}: {value}")
 
 
@@ -458,7 +506,15 @@ def status(run_id: str, as_json: bool) -> None:
     help="Static group membership: a restarted projector takes its partitions "
     "back at once.",
 )
-def projector(until_caught_up: bool, batch: int, instance_id: str | None) -> None:
+@click.option(
+    "--rebuild",
+    is_flag=True,
+    help="Empty the projections (runs, run_events, run_snapshots, dead_letters) "
+    "and project the whole log again. Stop other projectors first.",
+)
+def projector(
+    until_caught_up: bool, batch: int, instance_id: str | None, rebuild: bool
+) -> None:
     """Project es.events into runs, run_events and run_snapshots, exactly once."""
     import logging  # noqa: PLC0415
     import signal  # noqa: PLC0415
@@ -474,6 +530,9 @@ def projector(until_caught_up: bool, batch: int, instance_id: str | None) -> Non
     settings = load_settings()
     ensure_topics(settings.kafka)
     p = Projector(settings, batch_size=batch, instance_id=instance_id)
+    if rebuild:
+        p.reset()
+        click.echo("projections emptied: projecting the log from its start", err=True)
     signal.signal(signal.SIGTERM, lambda *_: p.stop())
     p.run(until_caught_up=until_caught_up)
     click.echo(f"projected {p.projected} events", err=True)
@@ -483,7 +542,9 @@ def projector(until_caught_up: bool, batch: int, instance_id: str | None) -> Non
 @click.option(
     "--status",
     "status_filter",
-    type=click.Choice(["running", "paused", "blocked", "completed", "failed"]),
+    type=click.Choice(
+        ["running", "paused", "blocked", "completed", "failed", "cancelled"]
+    ),
 )
 @click.option("--json", "as_json", is_flag=True)
 def runs(status_filter: str | None, as_json: bool) -> None:
@@ -688,6 +749,9 @@ def main() -> None:
     except ConfigError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
+    except Unavailable as e:
+        click.echo(f"unavailable: {e}", err=True)
+        sys.exit(3)
     except EsAgentsError as e:
         click.echo(f"error: {type(e).__name__}: {e}", err=True)
         sys.exit(1)

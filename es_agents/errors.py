@@ -53,3 +53,24 @@ class RetryableToolError(EsAgentsError):
     def __init__(self, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.retry_after = retry_after
+
+
+class RunError(EsAgentsError):
+    """One run cannot go on: it ends ``failed`` with this kind, the worker goes on.
+
+    ``kind`` is recorded in ``run_failed``: ``model_error``, ``model_unavailable``,
+    ``planner_error``, ``reducer_error``, ``oversized_output``, ``worker_error``.
+    """
+
+    def __init__(self, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class ModelError(EsAgentsError):
+    """The model refused the request (a 4xx other than 408/429): retrying the same
+    request cannot help."""
+
+
+class OversizedEvent(EsAgentsError):
+    """An event larger than the log accepts; nothing of its batch was appended."""

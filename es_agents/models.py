@@ -17,7 +17,7 @@ from pydantic import JsonValue
 
 from es_agents.core.events import ToolCall, Usage
 from es_agents.core.step import Message, canonical_json, messages_hash
-from es_agents.errors import ConfigError, RetryableToolError, Unavailable
+from es_agents.errors import ModelError, RetryableToolError, Unavailable
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class OpenAIChatModel:
         except urllib.error.HTTPError as e:
             if e.code in (408, 429) or e.code >= 500:
                 raise Unavailable(f"model {self.model_id}: HTTP {e.code}") from e
-            raise ConfigError(
+            raise ModelError(
                 f"model {self.model_id}: HTTP {e.code}: {e.read()[:500]!r}"
             ) from e
         except (urllib.error.URLError, TimeoutError) as e:

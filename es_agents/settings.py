@@ -24,6 +24,9 @@ class KafkaSettings(BaseSettings):
     topic_prefix: str = "es"
     partitions: int = Field(default=6, ge=1, le=10_000)
     replication_factor: int = Field(default=1, ge=1)
+    min_insync_replicas: int = Field(
+        default=1, ge=1, description="Topics' min.insync.replicas (with acks=all)"
+    )
     linger_ms: float = Field(
         default=0.0, ge=0, description="0 = send each append at once"
     )

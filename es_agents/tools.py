@@ -74,6 +74,9 @@ class Tool(Generic[A]):
     honors_idempotency_key: bool = False
     lookup: Callable[[str], Lookup] | None = None
     requires_approval: bool = False
+    # Seconds a call may take; past it a side-effect-free call is an error the model
+    # sees, and a side-effecting one pauses the run as an uncertain effect.
+    timeout: float | None = 120.0
 
     def parse(self, args: dict[str, JsonValue]) -> A:
         try:
@@ -107,6 +110,7 @@ def tool(
     honors_idempotency_key: bool = False,
     lookup: Callable[[str], Lookup] | None = None,
     requires_approval: bool = False,
+    timeout: float | None = 120.0,
 ) -> Callable[[Callable[[A, ToolContext], JsonValue]], Tool[A]]:
     """Declare a tool: ``@tool(Args, honors_idempotency_key=True)``."""
 
@@ -120,6 +124,7 @@ def tool(
             honors_idempotency_key=honors_idempotency_key,
             lookup=lookup,
             requires_approval=requires_approval,
+            timeout=timeout,
         )
 
     return wrap

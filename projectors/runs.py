@@ -27,7 +27,13 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from es_agents.adapters.kafka import _client, consume_now, where
+from es_agents.adapters.kafka import (
+    DeadLetterQueue,
+    KafkaProducerLink,
+    _client,
+    consume_now,
+    where,
+)
 from es_agents.adapters.postgres import Database
 from es_agents.codec import AvroCodec
 from es_agents.core.events import Interrupted, RunCompleted, RunFailed
@@ -50,6 +56,7 @@ class Batch:
     snapshots: list[tuple[Any, ...]] = field(default_factory=list)
     runs: dict[str, tuple[RunState, int, int]] = field(default_factory=dict)
     offsets: dict[int, int] = field(default_factory=dict)
+    dead: list[tuple[Any, ...]] = field(default_factory=list)
 
 
 def load_state(
@@ -78,6 +85,8 @@ class Projector:
         self.crash = crash if crash is not None else CrashPoints.from_env()
         self.db = Database(settings.database_url.get_secret_value())
         self.db.migrate()
+        self._link = KafkaProducerLink(settings.kafka)
+        self.dlq = DeadLetterQueue(settings.kafka, self._link)
         self._cache: OrderedDict[str, RunState] = OrderedDict()
         self._cache_size = cache_size
         self._stop = threading.Event()
@@ -95,6 +104,17 @@ class Projector:
         self.consumer.subscribe(
             [self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke
         )
+
+    def reset(self) -> None:
+        """Empty the projections and this group's offsets: the next assignment
+        projects every partition from its start. Run with no other projector up."""
+        with self.db.transaction() as conn:
+            conn.execute("TRUNCATE runs, run_events, run_snapshots, dead_letters")
+            conn.execute(
+                "DELETE FROM projector_offsets WHERE group_id = %s AND topic = %s",
+                (self.group_id, self.topic),
+            )
+        self._cache.clear()
 
     # -- partitions --------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
@@ -157,6 +177,7 @@ class Projector:
 
     def close(self) -> None:
         self.consumer.close()
+        self._link.close()
         self.db.close()
 
     def apply(self, msgs: list[Message]) -> None:
@@ -206,7 +227,7 @@ class Projector:
         try:
             event = self.codec.decode_event(payload)
         except DecodeError as e:
-            log.error("%s[%d]@%d: not projected: %s", self.topic, partition, offset, e)  # noqa: TRY400
+            self._dead(batch, msg, f"undecodable event: {e}")
             return
         state = self._state(conn, event.run_id)
         if state is not None and event.seq <= state.seq:
@@ -216,7 +237,8 @@ class Projector:
                 state if state is not None else RunState(run_id=event.run_id), event
             )
         except FoldError as e:
-            log.error("%s[%d]@%d: not projected: %s", self.topic, partition, offset, e)  # noqa: TRY400
+            self._cache.pop(event.run_id, None)  # the fold may have half-changed it
+            self._dead(batch, msg, f"event does not fold: {e}")
             return
         self._remember(state)
         batch.events.append(
@@ -244,6 +266,16 @@ class Projector:
                     json.dumps(to_snapshot(state)),
                 )
             )
+
+    def _dead(self, batch: Batch, msg: Message, reason: str) -> None:
+        """To es.dlq (acknowledged before the batch commits) and to ``dead_letters``
+        in the batch's transaction, so the run shows it; the projector goes on."""
+        topic, partition, offset = where(msg)
+        log.error("%s[%d]@%d: not projected: %s", topic, partition, offset, reason)
+        self.dlq.send(msg, reason)
+        key = msg.key()
+        run_id = key.decode(errors="replace") if isinstance(key, bytes) else key
+        batch.dead.append((topic, partition, offset, run_id, reason))
 
     def _state(self, conn: psycopg.Connection[Any], run_id: str) -> RunState | None:
         state = self._cache.get(run_id)
@@ -273,6 +305,12 @@ class Projector:
                     'partition, "offset", state) VALUES (%s, %s, %s, %s, %s, %s) '
                     "ON CONFLICT DO NOTHING",
                     batch.snapshots,
+                )
+            if batch.dead:
+                cur.executemany(
+                    'INSERT INTO dead_letters (topic, partition, "offset", run_id, '
+                    "reason) VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    batch.dead,
                 )
             if batch.runs:
                 cur.executemany(

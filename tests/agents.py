@@ -19,7 +19,7 @@ from pydantic import BaseModel, JsonValue
 
 from es_agents.agent import ToolAgent
 from es_agents.core.state import RunState
-from es_agents.core.step import Finish, Interrupt, Step
+from es_agents.core.step import Finish, Interrupt, PatchState, Step
 from es_agents.core.versions import StateMigration
 from es_agents.models import ModelClient, ScriptedModel, call, reply
 from es_agents.tools import Tool, ToolContext, tool
@@ -255,3 +255,61 @@ fenced_mailer = ToolAgent(
     ),
     tool_list=[guarded_email],
 )
+
+
+# -- poison: one agent whose runs fail in every way a run can, beside healthy ones ----
+@tool(NoArgs, timeout=1.0)
+def hang(args: NoArgs, ctx: ToolContext) -> JsonValue:
+    """A side-effecting call that never answers in time."""
+    import time  # noqa: PLC0415
+
+    time.sleep(30)
+    return {"late": True}
+
+
+class PoisonAgent(ToolAgent):
+    """The model is a local OpenAI-compatible server (tests/model_server.py) that
+    fails the runs asking it to; the planner fails the runs asking it to."""
+
+    def plan(self, state: RunState) -> Step:
+        poison = json.loads(state.input_json).get("poison")
+        if poison == "planner":
+            raise ValueError("the planner has a bug")
+        if poison == "reducer":
+            return PatchState(key="gate:x", value="not an object")  # fold refuses
+        return super().plan(state)
+
+
+def _poison_model() -> ModelClient:
+    from es_agents.models import OpenAIChatModel  # noqa: PLC0415
+
+    url = os.environ.get("ES_AGENTS_TEST_MODEL_URL", "http://127.0.0.1:9/v1")
+    return OpenAIChatModel(url, "test-model", timeout=10)
+
+
+poison = PoisonAgent(
+    name="poison",
+    system_prompt="Answer ok.",
+    model=_poison_model(),
+    tool_list=[hang],
+)
+
+
+# -- quick: two steps and done, for rebalance and many-agents tests -------------------
+@tool(NoArgs, side_effect=False)
+def noop(args: NoArgs, ctx: ToolContext) -> JsonValue:
+    """Does nothing."""
+    return {"step": ctx.step}
+
+
+def _quick(name: str) -> ToolAgent:
+    return ToolAgent(
+        name=name,
+        system_prompt="Call noop, then answer.",
+        model=ScriptedModel([call("noop", "c1"), reply("done")], model_id="scripted"),
+        tool_list=[noop],
+    )
+
+
+quick = _quick("quick")
+quick_other = _quick("quick-other")

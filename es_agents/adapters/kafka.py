@@ -26,7 +26,14 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 
 from es_agents.codec import AvroCodec
 from es_agents.core.commands import Command
@@ -57,19 +64,37 @@ def _client(conf: Mapping[str, object]) -> dict[str, Any]:
     return {**conf, "error_cb": _error_cb, "logger": _client_log}
 
 
-def ensure_topics(settings: KafkaSettings, timeout: float = 30.0) -> None:
-    """Create commands, events and DLQ topics; check partition counts agree."""
+# The log is the system of record: nothing in it may ever expire.
+FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
+
+
+def ensure_topics(
+    settings: KafkaSettings, timeout: float = 30.0, fix_retention: bool = False
+) -> dict[str, int]:
+    """Create the commands, events and DLQ topics that are missing (retention
+    forever, replication and ``min.insync.replicas`` from settings), and check the
+    ones that exist: commands and events must have the same partition count, and no
+    topic may expire records. Returns each topic's partition count.
+
+    The partition count of an existing topic is the topic's own; the configured one
+    only applies when creating.
+    """
     admin = AdminClient(_client(settings.to_librdkafka()))
     topics = [settings.commands_topic, settings.events_topic, settings.dlq_topic]
     try:
         existing = admin.list_topics(timeout=timeout).topics
     except KafkaException as e:
         raise Unavailable(f"kafka at {settings.bootstrap_servers}: {e}") from e
+    config = {
+        **FOREVER,
+        "min.insync.replicas": str(settings.min_insync_replicas),
+    }
     missing = [
         NewTopic(
             t,
             num_partitions=settings.partitions,
             replication_factor=settings.replication_factor,
+            config=config,
         )
         for t in topics
         if t not in existing
@@ -84,14 +109,69 @@ def ensure_topics(settings: KafkaSettings, timeout: float = 30.0) -> None:
                 if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise Unavailable(f"cannot create topic {topic}: {e}") from e
         existing = _wait_for_leaders(admin, topics, timeout)
-    counts = {t: len(existing[t].partitions) for t in topics[:2] if t in existing}
-    if len(set(counts.values())) > 1 or any(
-        n != settings.partitions for n in counts.values()
-    ):
+    counts = {t: len(existing[t].partitions) for t in topics if t in existing}
+    commands, events = settings.commands_topic, settings.events_topic
+    if counts.get(commands) != counts.get(events):
         raise ConfigError(
-            f"partition counts {counts} differ from each other or from the configured "
-            f"{settings.partitions}; a run's commands and events must share a partition"
+            f"{commands} has {counts.get(commands)} partitions and {events} has "
+            f"{counts.get(events)}: a run's commands and events must share a partition"
         )
+    _check_retention(admin, topics, timeout, fix_retention)
+    return counts
+
+
+def _check_retention(
+    admin: AdminClient, topics: list[str], timeout: float, fix: bool
+) -> None:
+    """Refuse topics that would expire records (or make them keep everything)."""
+    resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
+    finite: dict[str, dict[str, str]] = {}
+    try:
+        for resource, future in admin.describe_configs(
+            resources, request_timeout=timeout
+        ).items():
+            entries = future.result(timeout)
+            wrong = {
+                k: str(entries[k].value)
+                for k, v in FOREVER.items()
+                if k in entries and str(entries[k].value) != v
+            }
+            if wrong:
+                finite[resource.name] = wrong
+    except KafkaException as e:
+        raise Unavailable(f"cannot read topic configs: {e}") from e
+    if not finite:
+        return
+    if fix:
+        alter = [
+            ConfigResource(
+                ResourceType.TOPIC,
+                topic,
+                incremental_configs=[
+                    ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+                    for k, v in FOREVER.items()
+                ],
+            )
+            for topic in finite
+        ]
+        try:
+            for future in admin.incremental_alter_configs(alter).values():
+                future.result(timeout)
+        except KafkaException as e:
+            raise Unavailable(f"cannot change topic retention: {e}") from e
+        log.warning("topics %s now keep every record", ", ".join(sorted(finite)))
+        return
+    detail = "; ".join(
+        f"{t}: {', '.join(f'{k}={v}' for k, v in c.items())}"
+        for t, c in sorted(finite.items())
+    )
+    raise ConfigError(
+        f"topics would expire records ({detail}). The log is the system of record: "
+        "its topics must keep every record (retention.ms=-1, retention.bytes=-1). "
+        "Fix with `es-agents topics --fix-retention` (or kafka-configs.sh --alter "
+        "--entity-type topics --entity-name TOPIC --add-config "
+        "retention.ms=-1,retention.bytes=-1)."
+    )
 
 
 def where(msg: Message) -> tuple[str, int, int]:
@@ -100,6 +180,20 @@ def where(msg: Message) -> tuple[str, int, int]:
     if topic is None or partition is None or offset is None:
         raise Unavailable(f"message without a position: {msg.error()}")
     return topic, partition, offset
+
+
+# Commit errors that mean "the group moved on": a rebalance, not a failure.
+_REBALANCING = frozenset(
+    {
+        KafkaError.ILLEGAL_GENERATION,
+        KafkaError.REBALANCE_IN_PROGRESS,
+        KafkaError.UNKNOWN_MEMBER_ID,
+        KafkaError.FENCED_INSTANCE_ID,
+        KafkaError._ASSIGNMENT_LOST,
+        KafkaError._STATE,
+        KafkaError._NO_OFFSET,
+    }
+)
 
 
 def _is_eof(msg: Message) -> bool:
@@ -223,6 +317,18 @@ class KafkaProducerLink:
         except TimeoutError as e:
             raise AppendError(f"no acknowledgement within {timeout:.0f}s") from e
 
+    def partition_count(self, topic: str) -> int:
+        """The topic's partition count, from the cluster's metadata."""
+        try:
+            meta = self._producer.list_topics(topic, timeout=10).topics.get(topic)
+        except KafkaException as e:
+            raise Unavailable(f"{topic}: no metadata: {e}") from e
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise ConfigError(
+                f"topic {topic} does not exist (create it: es-agents topics)"
+            )
+        return len(meta.partitions)
+
     def close(self) -> None:
         self._producer.flush(self.settings.delivery_timeout_ms / 1000)
         self._closed.set()
@@ -245,6 +351,7 @@ class KafkaEventLog:
         self.link = link if link is not None else KafkaProducerLink(settings)
         self._reader: Consumer | None = None
         self._reader_lock = threading.Lock()
+        self._partitions: int | None = None
 
     # -- writing ---------------------------------------------------------------
     def append(self, events: Sequence[Event]) -> list[Position]:
@@ -263,7 +370,11 @@ class KafkaEventLog:
         return self.link.wait([future])[0]
 
     def partition_for(self, run_id: str) -> int:
-        return partition_for(run_id, self.settings.partitions)
+        """The run's partition, by the events topic's own partition count (so
+        clients configured with another count still find every run)."""
+        if self._partitions is None:
+            self._partitions = self.link.partition_count(self.settings.events_topic)
+        return partition_for(run_id, self._partitions)
 
     # -- reading ---------------------------------------------------------------
     def read_run(
@@ -393,26 +504,31 @@ class DeadLetterQueue:
 
     def send(self, msg: Message, reason: str) -> Position:
         key = msg.key()
-        topic, partition, offset = where(msg)
-        headers: list[tuple[str, str | bytes | None]] = [
-            ("es.dlq.reason", reason.encode()),
-            ("es.dlq.topic", topic.encode()),
-            ("es.dlq.partition", str(partition).encode()),
-            ("es.dlq.offset", str(offset).encode()),
-            ("es.dlq.at", datetime.now(UTC).isoformat().encode()),
-        ]
-        future = self._link.produce(
-            self.topic,
+        return self.send_command(
             key.decode(errors="replace") if isinstance(key, bytes) else key or "",
             msg.value() or b"",
-            headers,
+            Position(*where(msg)),
+            reason,
         )
+
+    def send_command(
+        self, key: str, value: bytes, origin: Position, reason: str
+    ) -> Position:
+        """Dead-letter ``value`` (read at ``origin``) with the reason; acknowledged."""
+        headers: list[tuple[str, str | bytes | None]] = [
+            ("es.dlq.reason", reason.encode()),
+            ("es.dlq.topic", origin.topic.encode()),
+            ("es.dlq.partition", str(origin.partition).encode()),
+            ("es.dlq.offset", str(origin.offset).encode()),
+            ("es.dlq.at", datetime.now(UTC).isoformat().encode()),
+        ]
+        future = self._link.produce(self.topic, key, value, headers)
         position = self._link.wait([future])[0]
         log.warning(
             "dead-lettered %s[%d]@%d to %s@%d: %s",
-            msg.topic(),
-            msg.partition(),
-            msg.offset(),
+            origin.topic,
+            origin.partition,
+            origin.offset,
             self.topic,
             position.offset,
             reason,
@@ -516,15 +632,25 @@ class KafkaSource(Generic[T]):
         skipped, self._skipped = self._skipped, []
         return skipped
 
-    def commit_offsets(self, offsets: Mapping[int, int]) -> None:
-        """Commit next offsets per partition (the caller tracks what was applied)."""
+    def commit_offsets(self, offsets: Mapping[int, int]) -> bool:
+        """Commit next offsets per partition (the caller tracks what was applied).
+
+        False when the commit did not happen: the group is rebalancing or moved on
+        (the partition's next owner reads those messages again), or the coordinator
+        is out of reach. Never an error: committing later, or never, only means
+        messages are read again, and applying a command twice is a no-op.
+        """
         try:
             self._consumer.commit(
                 offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
                 asynchronous=False,
             )
         except KafkaException as e:
-            raise Unavailable(f"{self.topic}: commit failed: {e}") from e
+            err: KafkaError = e.args[0]
+            level = logging.INFO if err.code() in _REBALANCING else logging.WARNING
+            log.log(level, "%s: offsets not committed (%s)", self.topic, err)
+            return False
+        return True
 
     def commit(self) -> None:
         """Commit what ``poll`` handed out (and dead-lettered) so far."""

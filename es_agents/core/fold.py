@@ -257,7 +257,7 @@ def _(event: RunCompleted, state: RunState) -> None:
 @_apply.register
 def _(event: RunFailed, state: RunState) -> None:
     _require_started(state, event)
-    state.status = "failed"
+    state.status = "cancelled" if event.kind == "cancelled" else "failed"
     state.error = event.error
     state.pending = None
     state.waiting = None

@@ -10,8 +10,8 @@ from pydantic import JsonValue
 
 from es_agents.core.events import ToolCall
 
-RunStatus = Literal["running", "paused", "completed", "failed", "blocked"]
-TERMINAL: frozenset[str] = frozenset({"completed", "failed"})
+RunStatus = Literal["running", "paused", "completed", "failed", "cancelled", "blocked"]
+TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 GATE_PREFIX = "gate:"  # state_patched keys that hold a decision taken ahead of a gate
 
 

@@ -96,6 +96,10 @@ class DevKafka:
             "min.insync.replicas": "1",
             "group.initial.rebalance.delay.ms": "0",
             "log.cleaner.backoff.ms": "1000",
+            # The log is the system of record: topics created by anyone keep every
+            # record (es-agents also sets this on the topics it creates).
+            "log.retention.ms": "-1",
+            "log.retention.bytes": "-1",
         }
         path = self.dir / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))

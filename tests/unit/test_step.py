@@ -63,8 +63,9 @@ def test_unknown_and_finished_runs_refuse_commands() -> None:
         decide(None, Approve(run_id=RUN, by="ann"))
     state = _started()
     decide(state, Cancel(run_id=RUN, by="ann", reason="enough"))
-    assert state.status == "failed"
-    with pytest.raises(Refused, match="is failed"):
+    assert state.status == "cancelled"
+    assert state.terminal
+    with pytest.raises(Refused, match="is cancelled"):
         decide(state, Approve(run_id=RUN, by="ann"))
 
 

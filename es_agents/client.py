@@ -1,0 +1,269 @@
+"""``es_agents.Client``: start, decide and look at runs from an application.
+
+Commands are checked against what was applied -- the run as its log and projection
+have it -- and against the starts waiting for a worker (``commands`` table), never
+against commands a worker may have refused. A command that passes is recorded as
+sent, produced, and then (by default) its worker's verdict is awaited: ``applied``,
+``refused`` with the reason, or ``queued`` when no worker serves the run's agent yet
+or none decided within the wait. Every read is O(K): a snapshot, the events after it,
+and the log beyond the projector's offset; nothing scans a topic from its start.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Literal
+
+from es_agents.adapters.kafka import KafkaEventLog, ensure_topics
+from es_agents.adapters.postgres import Database
+from es_agents.adapters.postgres_commands import PostgresCommandBook, Verdict
+from es_agents.core.commands import (
+    Approve,
+    Cancel,
+    Command,
+    ProvideInput,
+    Reject,
+    StartRun,
+)
+from es_agents.core.fold import fold
+from es_agents.core.state import RunState
+from es_agents.core.step import Refused, decide, start
+from es_agents.errors import EsAgentsError
+from es_agents.ports import Position
+from es_agents.resume import RunLoader
+from es_agents.settings import Settings, load_settings
+
+# A worker writes its agent's row every 5 s: older than this, nobody serves it.
+SERVED_WITHIN_SECONDS = 30.0
+
+
+class NotFound(EsAgentsError):
+    """No such run (CLI exit code 1, with the reason)."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What became of a command: applied, refused (with the reason), or queued."""
+
+    command: Command
+    status: Literal["applied", "refused", "queued"]
+    reason: str | None = None
+    position: Position | None = None
+
+    @property
+    def run_id(self) -> str:
+        return self.command.run_id
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A run as a client sees it: its folded state, or a start still pending."""
+
+    run_id: str
+    status: str
+    agent: str
+    state: RunState | None
+    refused: list[Verdict] = field(default_factory=list)
+    dead_letters: list[tuple[str, int, int, str]] = field(default_factory=list)
+    loaded_from: dict[str, int | None] = field(default_factory=dict)
+
+
+class Client:
+    """One per application: a producer, a reader and a small Postgres pool."""
+
+    def __init__(self, settings: Settings | None = None) -> None:
+        self.settings = settings if settings is not None else load_settings()
+        self._log = KafkaEventLog(self.settings.kafka)
+        self._db = Database(self.settings.database_url.get_secret_value(), max_size=2)
+        self._db.migrate()
+        self._book = PostgresCommandBook(self._db, self.settings.kafka.topic_prefix)
+        self._loader = RunLoader(self._db, self._log, self.settings.projector_group_id)
+        self._topics_checked = False
+
+    def close(self) -> None:
+        self._log.close()
+        self._db.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # -- commands --------------------------------------------------------------------
+    def start(
+        self,
+        agent: str,
+        input_json: str = "{}",
+        run_id: str | None = None,
+        wait: float = 10.0,
+    ) -> CommandResult:
+        """Start a run of ``agent``; refused at once if ``run_id`` is taken."""
+        self._check_topics()
+        command = StartRun(
+            run_id=run_id or str(uuid.uuid4()), agent=agent, input_json=input_json
+        )
+        exists = run_id is not None and self._loader.load(run_id).state is not None
+        taken = self._book.reserve_start(command, exists)
+        if taken is not None:
+            return CommandResult(command, "refused", taken)
+        position = self._log.send(command)
+        return self._await(command, agent, position, wait)
+
+    def approve(
+        self,
+        run_id: str,
+        by: str,
+        gate: str | None = None,
+        comment: str | None = None,
+        wait: float = 10.0,
+    ) -> CommandResult:
+        return self.send(
+            Approve(run_id=run_id, by=by, gate=gate, comment=comment), wait
+        )
+
+    def reject(
+        self,
+        run_id: str,
+        by: str,
+        gate: str | None = None,
+        reason: str | None = None,
+        wait: float = 10.0,
+    ) -> CommandResult:
+        return self.send(Reject(run_id=run_id, by=by, gate=gate, reason=reason), wait)
+
+    def provide_input(
+        self, run_id: str, by: str, input_json: str, wait: float = 10.0
+    ) -> CommandResult:
+        return self.send(
+            ProvideInput(run_id=run_id, by=by, input_json=input_json), wait
+        )
+
+    def cancel(
+        self, run_id: str, by: str, reason: str | None = None, wait: float = 10.0
+    ) -> CommandResult:
+        return self.send(Cancel(run_id=run_id, by=by, reason=reason), wait)
+
+    def send(self, command: Command, wait: float = 10.0) -> CommandResult:
+        """Check a decision against the run as applied, send it, await the verdict."""
+        if isinstance(command, StartRun):
+            return self.start(
+                command.agent, command.input_json, command.run_id, wait=wait
+            )
+        state = self._applied_or_pending(command.run_id)
+        if state is None:
+            return CommandResult(command, "refused", f"unknown run {command.run_id}")
+        refusal = self._gate_refusal(state, command)
+        if refusal is not None:
+            return CommandResult(command, "refused", refusal)
+        try:
+            if not decide(state, command):
+                return CommandResult(command, "applied", "already applied")
+        except Refused as e:
+            return CommandResult(command, "refused", str(e))
+        self._book.sent(command)
+        position = self._log.send(command)
+        return self._await(command, state.agent, position, wait)
+
+    def _applied_or_pending(self, run_id: str) -> RunState | None:
+        state = self._loader.load(run_id).state
+        if state is not None:
+            return state
+        pending = self._pending_start(run_id)
+        if pending is None:
+            return None
+        return fold(RunState(run_id=run_id), start(pending))
+
+    def _pending_start(self, run_id: str) -> StartRun | None:
+        for v in self._book.for_run(run_id):
+            if v.type == StartRun.wire_name and v.status == "sent" and v.agent:
+                return StartRun(run_id=run_id, agent=v.agent, command_id=v.command_id)
+        return None
+
+    def _gate_refusal(self, state: RunState, command: Command) -> str | None:
+        if not isinstance(command, Approve | Reject) or command.gate is None:
+            return None
+        served = self._book.agent(state.agent)
+        if served is None or served.gates is None or command.gate in served.gates:
+            return None
+        return (
+            f"agent {state.agent!r} has no gate {command.gate!r} "
+            f"(its gates: {', '.join(served.gates) or 'none'})"
+        )
+
+    def _await(
+        self, command: Command, agent: str, position: Position, wait: float
+    ) -> CommandResult:
+        if wait <= 0:
+            return CommandResult(command, "queued", "not awaited (--no-wait)", position)
+        served = self._book.agent(agent)
+        if served is None or served.age_seconds > SERVED_WITHIN_SECONDS:
+            return CommandResult(
+                command,
+                "queued",
+                f"no worker serves agent {agent!r} yet; the command waits for one",
+                position,
+            )
+        deadline = time.monotonic() + wait
+        pause = 0.002
+        while True:
+            verdict = self._book.verdict(command.command_id)
+            if verdict is not None and verdict.status in ("applied", "refused"):
+                return CommandResult(command, verdict.status, verdict.reason, position)
+            if time.monotonic() > deadline:
+                return CommandResult(
+                    command,
+                    "queued",
+                    f"no verdict within {wait:g} s; the command stays queued",
+                    position,
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.05)
+
+    def _check_topics(self) -> None:
+        if not self._topics_checked:
+            ensure_topics(self.settings.kafka)
+            self._topics_checked = True
+
+    # -- reads -----------------------------------------------------------------------
+    def status(self, run_id: str) -> RunView:
+        """The run as applied, or ``pending`` when its start waits for a worker."""
+        loaded = self._loader.load(run_id)
+        verdicts = self._book.for_run(run_id)
+        refused = [v for v in verdicts if v.status == "refused"]
+        dead = self._dead_letters(run_id)
+        state = loaded.state
+        if state is not None:
+            return RunView(
+                run_id,
+                state.status,
+                state.agent,
+                state,
+                refused,
+                dead,
+                {
+                    "snapshot_seq": loaded.snapshot_seq,
+                    "events_from_postgres": loaded.events_from_db,
+                    "events_from_log": loaded.events_from_log,
+                },
+            )
+        pending = self._pending_start(run_id)
+        if pending is not None:
+            return RunView(run_id, "pending", pending.agent, None, refused, dead)
+        if refused:
+            raise NotFound(
+                f"unknown run {run_id}; refused: "
+                + "; ".join(f"{v.type}: {v.reason}" for v in refused)
+            )
+        raise NotFound(f"unknown run {run_id}")
+
+    def _dead_letters(self, run_id: str) -> list[tuple[str, int, int, str]]:
+        with self._db.transaction() as conn:
+            rows = conn.execute(
+                'SELECT topic, partition, "offset", reason FROM dead_letters '
+                'WHERE run_id = %s ORDER BY topic, partition, "offset"',
+                (run_id,),
+            ).fetchall()
+        return [(str(t), int(p), int(o), str(r)) for t, p, o, r in rows]
