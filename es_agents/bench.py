@@ -16,11 +16,15 @@ import statistics
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import psycopg
 from confluent_kafka import Consumer, Producer
-from pydantic import BaseModel, JsonValue
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from pydantic import BaseModel, JsonValue, SecretStr
 
 from es_agents.adapters.kafka import KafkaEventLog, ensure_topics
 from es_agents.agent import Agent, ToolAgent
@@ -95,7 +99,13 @@ def _run(settings: Settings, agent: Agent) -> tuple[list[Event], list[float], fl
 
 
 def bench_steps(steps: int, echo: Callable[[str], None]) -> dict[str, object]:
-    settings = _bench_settings(partitions=1)
+    with scratch_settings(partitions=1) as settings:
+        return _bench_steps(settings, steps, echo)
+
+
+def _bench_steps(
+    settings: Settings, steps: int, echo: Callable[[str], None]
+) -> dict[str, object]:
     kafka = settings.kafka
     codec = AvroCodec()
 
@@ -192,20 +202,38 @@ class GateLoop:
         return {"agent_version": "bench-gate-loop@1"}
 
 
-def _bench_settings(partitions: int, k: int | None = None) -> Settings:
+@contextmanager
+def scratch_settings(partitions: int, k: int | None = None) -> Iterator[Settings]:
+    """Settings of a bench's own: a fresh topic prefix, and a fresh database on the
+    configured server (dropped afterwards). A bench never touches a user's data."""
     base = load_settings()
+    uid = uuid.uuid4().hex[:8]
     kafka = base.kafka.model_copy(
-        update={
-            "topic_prefix": f"bench-{uuid.uuid4().hex[:8]}",
-            "partitions": partitions,
-        }
+        update={"topic_prefix": f"bench-{uid}", "partitions": partitions}
     )
-    fields = {**base.model_dump(), "kafka": kafka}
+    url = base.database_url.get_secret_value()
+    name = f"es_bench_{uid}"
+    with psycopg.connect(make_conninfo(url, dbname="postgres"), autocommit=True) as c:
+        c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    fields = {
+        **base.model_dump(),
+        "kafka": kafka,
+        "database_url": SecretStr(make_conninfo(url, dbname=name)),
+    }
     if k is not None:
         fields["snapshot_every"] = k
-    settings = Settings(**fields)
-    ensure_topics(kafka)
-    return settings
+    try:
+        ensure_topics(kafka)
+        yield Settings(**fields)
+    finally:
+        with psycopg.connect(
+            make_conninfo(url, dbname="postgres"), autocommit=True
+        ) as c:
+            c.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                    sql.Identifier(name)
+                )
+            )
 
 
 def _started(run_id: str, agent_version: str = "") -> RunStarted:
@@ -249,9 +277,15 @@ def bench_resume(
     lengths: list[int], repeats: int, k: int, echo: Callable[[str], None]
 ) -> dict[str, object]:
     """Median time from an approve command to the next step durable, per run length."""
+    with scratch_settings(partitions=1, k=k) as settings:
+        return _bench_resume(settings, lengths, repeats, echo)
+
+
+def _bench_resume(
+    settings: Settings, lengths: list[int], repeats: int, echo: Callable[[str], None]
+) -> dict[str, object]:
     from projectors.runs import Projector  # noqa: PLC0415
 
-    settings = _bench_settings(partitions=1, k=k)
     log = KafkaEventLog(settings.kafka)
     runs = {length: f"bench-{length}-{uuid.uuid4().hex[:6]}" for length in lengths}
     total = 0
@@ -266,7 +300,8 @@ def bench_resume(
     projector_thread = _in_thread(projector.run)
     while projector.projected < total:
         time.sleep(0.05)
-    echo(f"projected them in {time.perf_counter() - started:.1f}s (K={k})")
+    took = time.perf_counter() - started
+    echo(f"projected them in {took:.1f}s (K={settings.snapshot_every})")
     worker = Worker(settings, GateLoop())
     worker_thread = _in_thread(worker.run)
     results: dict[int, float] = {}
@@ -303,22 +338,31 @@ def bench_resume(
     shortest, longest = results[min(results)], results[max(results)]
     summary: dict[str, object] = {
         "resume_ms": {str(n): round(v, 3) for n, v in results.items()},
-        "k": k,
+        "k": settings.snapshot_every,
         "ratio_longest_to_shortest": round(longest / shortest, 2),
     }
     echo(json.dumps(summary))
     return summary
 
 
-def bench_projector(  # noqa: PLR0915 - one straight-line measurement
+def bench_projector(
     runs: int,
     seconds: float,
     echo: Callable[[str], None],
 ) -> dict[str, object]:
     """Projection lag under load, and catch-up events/s vs a bare consumer."""
+    with scratch_settings(partitions=load_settings().kafka.partitions) as settings:
+        return _bench_projector(settings, runs, seconds, echo)
+
+
+def _bench_projector(
+    settings: Settings,
+    runs: int,
+    seconds: float,
+    echo: Callable[[str], None],
+) -> dict[str, object]:
     from projectors.runs import Projector  # noqa: PLC0415
 
-    settings = _bench_settings(partitions=load_settings().kafka.partitions)
     log = KafkaEventLog(settings.kafka)
     projector = Projector(settings, batch_size=2000)
     projector_thread = _in_thread(projector.run)

@@ -672,6 +672,22 @@ def bench_projector_command(runs: int, seconds: float) -> None:
     bench_projector(runs, seconds, click.echo)
 
 
+@bench.command("commands")
+@click.option("--events", type=int, default=1_000_000, show_default=True)
+@click.option("--repeats", type=int, default=15, show_default=True)
+@click.option("--cli-repeats", type=int, default=3, show_default=True)
+def bench_commands_command(events: int, repeats: int, cli_repeats: int) -> None:
+    """Command latencies (client and CLI) on a small and on a large topic."""
+    import logging  # noqa: PLC0415
+
+    from es_agents.bench_commands import bench_commands  # noqa: PLC0415
+
+    logging.getLogger("es_agents.worker").setLevel(logging.WARNING)
+    logging.getLogger("es_agents.run_loop").setLevel(logging.WARNING)
+    logging.getLogger("projectors.runs").setLevel(logging.WARNING)
+    bench_commands(events, repeats, cli_repeats, click.echo)
+
+
 @bench.command("chaos")
 @click.option("--minutes", type=float, default=15, show_default=True)
 @click.option("--seed", type=int, default=1, show_default=True)

@@ -199,7 +199,7 @@ class Client:
         if wait <= 0:
             return CommandResult(command, "queued", "not awaited (--no-wait)", position)
         served = self._book.agent(agent)
-        if served is None or served.age_seconds > SERVED_WITHIN_SECONDS:
+        if served is None or not served.live(SERVED_WITHIN_SECONDS):
             return CommandResult(
                 command,
                 "queued",

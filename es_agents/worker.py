@@ -23,10 +23,12 @@ shared commands topic, and apply only the commands of their agent's runs.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import threading
 import time
+import uuid
 from collections import OrderedDict, deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -154,6 +156,7 @@ class Worker:
         self.timers = PostgresTimers(self.db)
         self.book = PostgresCommandBook(self.db, kafka.topic_prefix)
         self.gates = declared_gates(agent)
+        self._worker_id = uuid.uuid4().hex
         self.loader = RunLoader(self.db, self.log, settings.projector_group_id)
         # What this worker runs: the gate compares it with what each run started under.
         declared = agent.versions()
@@ -239,6 +242,7 @@ class Worker:
     def _heartbeat(self) -> None:
         """Tell clients this agent is served, and which gates it has."""
         self.book.serve(
+            self._worker_id,
             self.agent.name,
             self.running.agent_version,
             None if self.gates is None else sorted(self.gates),
@@ -273,6 +277,8 @@ class Worker:
         self._pool.shutdown(wait=True)
         try:
             self._commit()
+            with contextlib.suppress(Unavailable):  # going down with the database
+                self.book.retire(self._worker_id, self.agent.name)
         finally:
             self.source.close()
             self.log.close()

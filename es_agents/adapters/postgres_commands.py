@@ -45,6 +45,10 @@ class ServedAgent:
     group_id: str
     seen_at: datetime
     age_seconds: float
+    stopped: bool  # every worker of the agent said it stopped
+
+    def live(self, within_seconds: float) -> bool:
+        return not self.stopped and self.age_seconds <= within_seconds
 
 
 @dataclass(frozen=True)
@@ -98,8 +102,9 @@ class PostgresCommandBook:
                 rows,
             )
 
-    def serve(
+    def serve(  # noqa: PLR0917 - one row's columns
         self,
+        worker_id: str,
         agent: str,
         agent_version: str,
         gates: Sequence[str] | None,
@@ -109,20 +114,36 @@ class PostgresCommandBook:
         """Say (again) that a worker serves ``agent``: a heartbeat."""
         with self._db.transaction() as conn:
             conn.execute(
-                "INSERT INTO agents (prefix, agent, agent_version, gates, tools, "
-                "group_id, seen_at) VALUES (%s, %s, %s, %s, %s, %s, now()) "
-                "ON CONFLICT (prefix, agent) "
+                "INSERT INTO agents (prefix, agent, worker_id, agent_version, gates, "
+                "tools, group_id, seen_at) VALUES (%s, %s, %s, %s, %s, %s, %s, now()) "
+                "ON CONFLICT (prefix, agent, worker_id) "
                 "DO UPDATE SET agent_version = EXCLUDED.agent_version, gates = "
                 "EXCLUDED.gates, tools = EXCLUDED.tools, group_id = EXCLUDED.group_id,"
                 " seen_at = now()",
                 (
                     self._prefix,
                     agent,
+                    worker_id,
                     agent_version,
                     None if gates is None else json.dumps(sorted(gates)),
                     json.dumps(sorted(tools)),
                     group_id,
                 ),
+            )
+
+    def retire(self, worker_id: str, agent: str) -> None:
+        """A worker that stops says so: clients stop waiting for its verdicts.
+        Rows of workers stopped a day ago go."""
+        with self._db.transaction() as conn:
+            conn.execute(
+                "UPDATE agents SET stopped_at = now() WHERE prefix = %s "
+                "AND agent = %s AND worker_id = %s",
+                (self._prefix, agent, worker_id),
+            )
+            conn.execute(
+                "DELETE FROM agents WHERE prefix = %s AND agent = %s "
+                "AND seen_at < now() - interval '1 day'",
+                (self._prefix, agent),
             )
 
     # -- the client's side -------------------------------------------------------------
@@ -202,13 +223,21 @@ class PostgresCommandBook:
         with self._db.transaction() as conn:
             row = conn.execute(
                 "SELECT agent, agent_version, gates, tools, group_id, seen_at, "
-                "extract(epoch FROM now() - seen_at) FROM agents "
-                "WHERE prefix = %s AND agent = %s",
+                "extract(epoch FROM now() - seen_at), stopped_at IS NOT NULL "
+                "FROM agents WHERE prefix = %s AND agent = %s "
+                "ORDER BY stopped_at IS NULL DESC, seen_at DESC LIMIT 1",
                 (self._prefix, name),
             ).fetchone()
         if row is None:
             return None
-        agent, version, gates, tools, group_id, seen_at, age = row
+        agent, version, gates, tools, group_id, seen_at, age, stopped = row
         return ServedAgent(
-            agent, version, gates, list(tools), group_id, seen_at, float(age)
+            agent,
+            version,
+            gates,
+            list(tools),
+            group_id,
+            seen_at,
+            float(age),
+            bool(stopped),
         )

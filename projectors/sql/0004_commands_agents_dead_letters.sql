@@ -16,18 +16,21 @@ CREATE TABLE commands (
 );
 CREATE INDEX commands_run ON commands (prefix, run_id);
 
--- The agents served on this cluster: each worker writes its agent's row when it
--- starts and every few seconds after, so a client knows whether anyone serves an
--- agent and which gates it has.
+-- The agents served on this cluster: each worker process writes its row when it
+-- starts and every few seconds after, and marks it stopped when it stops, so a client
+-- knows whether anyone serves an agent (a live row seen lately) and which gates it
+-- has (from the latest row, live or not).
 CREATE TABLE agents (
     prefix         text        NOT NULL,       -- the topic prefix it is served on
     agent          text        NOT NULL,
+    worker_id      text        NOT NULL,       -- one per worker process
     agent_version  text        NOT NULL,
     gates          jsonb,                      -- null: the agent does not declare them
     tools          jsonb       NOT NULL,
     group_id       text        NOT NULL,
     seen_at        timestamptz NOT NULL,
-    PRIMARY KEY (prefix, agent)
+    stopped_at     timestamptz,
+    PRIMARY KEY (prefix, agent, worker_id)
 );
 
 -- Events the projector could not decode or fold: also in es.dlq with the reason.

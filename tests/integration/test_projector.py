@@ -8,12 +8,14 @@ import random
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
+from confluent_kafka import Consumer
 from pydantic import SecretStr
 
 from es_agents.adapters.kafka import KafkaEventLog
@@ -301,3 +303,86 @@ def test_status_and_runs_read_the_projection(
     assert summary["events"] == len(logs[run_id])
     assert summary["loaded_from"]["snapshot_seq"] == len(logs[run_id]) - 1
     assert summary["loaded_from"]["events_from_log"] == 0
+
+
+def test_events_that_do_not_decode_or_fold_go_to_the_dlq_and_show_on_the_run(
+    kafka_settings: KafkaSettings, fresh_db: str
+) -> None:
+    from confluent_kafka import Producer  # noqa: PLC0415
+
+    from es_agents.client import Client  # noqa: PLC0415
+
+    settings = _settings(kafka_settings, fresh_db, k=100)
+    bad, good = f"run-bad-{uuid.uuid4().hex[:6]}", f"run-ok-{uuid.uuid4().hex[:6]}"
+    events = script_of(bad, random.Random(3), patches=3)
+    log = KafkaEventLog(kafka_settings)
+    try:
+        log.append(events[:2])  # seq 0, 1
+        raw = Producer(
+            {
+                "bootstrap.servers": kafka_settings.bootstrap_servers,
+                "partitioner": "murmur2_random",
+            }
+        )
+        raw.produce(kafka_settings.events_topic, key=bad, value=b"\x00garbage")
+        assert raw.flush(10) == 0
+        log.append([events[3]])  # seq 3 after seq 1: does not fold
+        log.append(script_of(good, random.Random(4), patches=2))
+    finally:
+        log.close()
+    _project(settings)
+    with psycopg.connect(fresh_db) as conn:
+        reasons = [
+            r[0]
+            for r in conn.execute(
+                'SELECT reason FROM dead_letters WHERE run_id = %s ORDER BY "offset"',
+                (bad,),
+            )
+        ]
+        seqs = conn.execute(
+            "SELECT last_seq FROM runs WHERE run_id IN (%s, %s) ORDER BY run_id",
+            (bad, good),
+        ).fetchall()
+    assert len(reasons) == 2, reasons
+    assert reasons[0].startswith("undecodable event")
+    assert reasons[1].startswith(f"event does not fold: run {bad}: expected seq 2")
+    assert seqs == [(1,), (2,)]  # the bad run stops where it broke; the rest goes on
+    with Client(settings) as client:
+        shown = client.status(bad)
+    assert [r for *_, r in shown.dead_letters] == reasons
+    # ...and es.dlq holds both records with the reason.
+    dlq = Consumer(
+        {
+            "bootstrap.servers": kafka_settings.bootstrap_servers,
+            "group.id": "dlq-check",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    dlq.subscribe([kafka_settings.dlq_topic])
+    found: list[str] = []
+    deadline = time.monotonic() + 20
+    while len(found) < 2 and time.monotonic() < deadline:
+        for msg in dlq.consume(10, timeout=0.5):
+            if msg.error() is None and msg.key() == bad.encode():
+                reason = dict(msg.headers() or [])["es.dlq.reason"]
+                assert isinstance(reason, bytes)
+                found.append(reason.decode())
+    dlq.close()
+    assert found == reasons
+
+
+def test_rebuild_projects_the_whole_log_again(
+    kafka_settings: KafkaSettings, fresh_db: str
+) -> None:
+    settings = _settings(kafka_settings, fresh_db, k=5)
+    _write_interleaved(kafka_settings, runs=6, seed=11)
+    _project(settings)
+    before = _tables(fresh_db)
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute("UPDATE runs SET status = 'tampered'")
+    projector = Projector(settings, batch_size=50)
+    projector.reset()
+    projector.run(until_caught_up=True, idle_seconds=0.3)
+    assert _tables(fresh_db)["runs"] == before["runs"]
+    assert _tables(fresh_db)["run_events"] == before["run_events"]

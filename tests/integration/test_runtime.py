@@ -235,9 +235,8 @@ def test_approval_commands_are_validated(
     resumes = [e for e in _events(kafka_settings, run_id) if isinstance(e, Resumed)]
     assert [(e.reason, e.by) for e in resumes] == [("approved", "ann")]
     shown = json.loads(cli(env, "status", run_id, "--json").stdout)
-    assert [c["reason"] for c in shown["refused_commands"]] == [
-        f"run {run_id} is not waiting for approval (it is completed)"
-    ]
+    [refused] = shown["refused_commands"]
+    assert refused["reason"].startswith(f"run {run_id} is not waiting for approval")
     late = cli(env, "approve", run_id, "--by", "carl")
     assert late.returncode == 1
     assert "is completed" in late.stderr
