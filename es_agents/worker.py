@@ -485,6 +485,7 @@ class Worker:
     def _drive(self, actor: RunActor) -> None:
         while True:
             loop: RunLoop | None = None
+            failure: tuple[str, str] | None = None
             try:
                 loop = RunLoop(self, actor)
                 loop.drive()
@@ -497,11 +498,13 @@ class Worker:
             except (Unavailable, AppendError):
                 raise  # the log or the database is gone: crash-only, see _guard
             except RunError as e:
-                self._end_run(actor, loop, e.kind, str(e))
+                failure = (e.kind, str(e))
             except Exception as e:
                 log.exception("run %s: unexpected error", actor.run_id)
                 kind = "reducer_error" if loop is None else "worker_error"
-                self._end_run(actor, loop, kind, f"{type(e).__name__}: {e}")
+                failure = (kind, f"{type(e).__name__}: {e}")
+            if failure is not None and not self._contain(actor, loop, *failure):
+                return
             with self._lock:
                 if actor.stopping or not (actor.inbox or actor.wake):
                     actor.active = False
@@ -509,6 +512,26 @@ class Worker:
                         del self._actors[actor.run_id]
                     return
                 actor.wake = False
+
+    def _contain(
+        self, actor: RunActor, loop: RunLoop | None, kind: str, reason: str
+    ) -> bool:
+        """End the run with its failure; False when this worker must let it go."""
+        try:
+            self._end_run(actor, loop, kind, reason)
+        except FencedError as e:
+            log.warning("run %s: %s", actor.run_id, e)
+            self._forget(actor)
+            return False
+        except (Unavailable, AppendError):
+            raise
+        except Exception as e:
+            log.exception("run %s: cannot record its failure", actor.run_id)
+            self._quarantine(actor, f"run {actor.run_id} cannot be failed: {e}")
+            if loop is not None:
+                for offset in loop.applied:
+                    self._skip(actor.partition, offset)
+        return True
 
     def _forget(self, actor: RunActor) -> None:
         with self._lock:

@@ -175,7 +175,7 @@ def test_a_downstream_refusing_an_old_fencing_token_leaves_the_call_to_the_owner
 
     run_id = _start(kafka_settings, "fenced_mailer")
     partition = partition_for(run_id, kafka_settings.partitions)
-    group = f"{kafka_settings.topic_prefix}.workers"
+    group = f"{kafka_settings.topic_prefix}.workers.fenced_mailer"
     with psycopg.connect(database_url) as conn:
         row = conn.execute(
             "SELECT epoch FROM partition_epochs WHERE group_id = %s AND partition = %s",
