@@ -150,6 +150,8 @@ class RunLoop:
         is appended; the events before it stay buffered for the failure record."""
         limit = self.w.settings.kafka.max_event_bytes
         for i, event in enumerate(self.buffer):
+            if _text_size(event) * 4 + 4096 < limit:
+                continue  # far below the limit even as 4-byte UTF-8: no encoding
             size = len(self.w.log.codec.encode(event))
             if size > limit:
                 self.buffer = self.buffer[:i]
@@ -653,6 +655,17 @@ class RunLoop:
 
 
 _UNCERTAIN: Any = object()
+
+
+def _text_size(event: Event) -> int:
+    """Characters of an event's text fields (tool calls included)."""
+    total = 0
+    for value in event.__dict__.values():
+        if isinstance(value, str):
+            total += len(value)
+        elif isinstance(value, tuple):
+            total += sum(len(str(item)) for item in value)
+    return total
 
 
 class _TimedOut(Exception):
