@@ -113,7 +113,11 @@ class ToolAgent:
         last = state.transcript[-1] if state.transcript else None
         if last is not None and last.get("role") == "assistant":
             return Finish({"answer": last.get("content")})
-        return CallModel(self.messages(state), dict(self.params))
+        return CallModel(
+            self.messages(state),
+            dict(self.params),
+            tuple(t.schema() for t in self.tool_list),
+        )
 
 
 def declared_gates(agent: Agent) -> frozenset[str] | None:

@@ -32,7 +32,12 @@ class FencedError(ConflictError):
 
 
 class Unavailable(EsAgentsError):
-    """A service did not answer in time; back off and try again."""
+    """A service did not answer in time; back off and try again (after
+    ``retry_after`` seconds when the service said)."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class AppendError(EsAgentsError):

@@ -1,23 +1,23 @@
-"""Model clients behind one interface: an OpenAI-compatible HTTP adapter, and a
-scripted model for tests and the demo (no model API is reachable from CI)."""
+"""Model clients behind one interface (``ModelClient``), and a scripted model for
+tests and the demo (no model API is reachable from CI). The adapters for real models
+use the official SDKs: ``es_agents.adapters.openai_model.OpenAIChatModel`` (any
+OpenAI-compatible server) and ``es_agents.adapters.anthropic_model.AnthropicModel``."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Any, Protocol, final
+from typing import Protocol, final
 
 from pydantic import JsonValue
 
 from es_agents.core.events import ToolCall, Usage
-from es_agents.core.step import Message, canonical_json, messages_hash
-from es_agents.errors import ModelError, RetryableToolError, Unavailable
+from es_agents.core.step import Message, ToolSpec, canonical_json, messages_hash
 
 
 @dataclass(frozen=True)
@@ -30,88 +30,44 @@ class Completion:
 
 
 class ModelClient(Protocol):
-    """One chat completion; raises ``Unavailable`` when it may work later."""
+    """One chat completion. Raises ``Unavailable`` when it may work later (with
+    ``retry_after`` when the server said), ``ModelError`` when it will not, and
+    ``RetryableToolError`` for an answer that does not parse."""
 
     model_id: str
 
     def complete(
-        self, messages: Sequence[Message], params: dict[str, JsonValue]
+        self,
+        messages: Sequence[Message],
+        params: dict[str, JsonValue],
+        tools: Sequence[ToolSpec] = (),
     ) -> Completion: ...
 
 
-@final
-class OpenAIChatModel:
-    """Chat completions over HTTP (OpenAI, vLLM, llama.cpp server, ...)."""
-
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        api_key: str | None = None,
-        timeout: float = 120.0,
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.model_id = model
-        self._api_key = api_key
-        self._timeout = timeout
-
-    def complete(
-        self, messages: Sequence[Message], params: dict[str, JsonValue]
-    ) -> Completion:
-        body = {"model": self.model_id, "messages": list(messages), **params}
-        request = urllib.request.Request(  # noqa: S310 - http(s) from settings
-            f"{self.base_url}/chat/completions",
-            data=json.dumps(body).encode(),
-            headers={
-                "Content-Type": "application/json",
-                **(
-                    {"Authorization": f"Bearer {self._api_key}"}
-                    if self._api_key
-                    else {}
-                ),
-            },
-            method="POST",
-        )
+def retry_after_seconds(response: object) -> float | None:
+    """Seconds a server asked to wait (``retry-after-ms`` or ``Retry-After``: seconds
+    or an HTTP date), from an httpx response; None when it did not say."""
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    millis = headers.get("retry-after-ms")
+    if millis is not None:
         try:
-            with urllib.request.urlopen(request, timeout=self._timeout) as response:  # noqa: S310
-                payload = json.loads(response.read())
-        except urllib.error.HTTPError as e:
-            if e.code in (408, 429) or e.code >= 500:
-                raise Unavailable(f"model {self.model_id}: HTTP {e.code}") from e
-            raise ModelError(
-                f"model {self.model_id}: HTTP {e.code}: {e.read()[:500]!r}"
-            ) from e
-        except (urllib.error.URLError, TimeoutError) as e:
-            raise Unavailable(f"model {self.model_id}: {e}") from e
-        return parse_chat_completion(payload, self.model_id)
-
-
-def parse_chat_completion(payload: dict[str, object], model_id: str) -> Completion:
-    """The OpenAI response shape; an unparsable one is a retryable model error."""
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
     try:
-        choice = payload["choices"][0]  # type: ignore[index]
-        message = choice["message"]
-        calls = tuple(
-            ToolCall(
-                call_id=c["id"],
-                name=c["function"]["name"],
-                args_json=c["function"]["arguments"] or "{}",
-            )
-            for c in message.get("tool_calls") or ()
-        )
-        usage: Any = payload.get("usage") or {}
-        return Completion(
-            content=message.get("content"),
-            tool_calls=calls,
-            finish_reason=choice.get("finish_reason") or "stop",
-            usage=Usage(
-                prompt_tokens=int(usage.get("prompt_tokens", 0)),
-                completion_tokens=int(usage.get("completion_tokens", 0)),
-            ),
-            model_id=str(payload.get("model") or model_id),
-        )
-    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as e:
-        raise RetryableToolError(f"unparsable model response: {e!r}") from e
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
 
 
 Turn = Completion | Callable[[Sequence[Message]], Completion]
@@ -141,7 +97,10 @@ class ScriptedModel:
         self.calls: list[str] = []
 
     def complete(
-        self, messages: Sequence[Message], params: dict[str, JsonValue]
+        self,
+        messages: Sequence[Message],
+        params: dict[str, JsonValue],
+        tools: Sequence[ToolSpec] = (),
     ) -> Completion:
         turn = sum(1 for m in messages if m.get("role") == "assistant")
         digest = messages_hash(messages)

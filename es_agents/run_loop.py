@@ -48,8 +48,8 @@ from es_agents.core.step import (
     Refused,
     canonical_json,
     decide,
-    messages_hash,
     pass_gate,
+    request_hash,
     start,
     timer_id,
 )
@@ -65,8 +65,9 @@ from es_agents.errors import (
     TerminalToolError,
     Unavailable,
 )
-from es_agents.models import Completion
+from es_agents.models import Completion, ModelClient
 from es_agents.ports import Position
+from es_agents.retry import retrying
 from es_agents.tools import Lookup, Tool, ToolContext
 
 if TYPE_CHECKING:
@@ -380,22 +381,29 @@ class RunLoop:
 
     # -- model steps -----------------------------------------------------------------
     def call_model(self, state: RunState, step: CallModel, attempt: int) -> None:
+        """Request (durable), call, record. Each retry of the call is requested
+        again first (``attempt`` + 1), so every call the model saw is in the log."""
         model = self.agent.model
         if model is None:
             raise RunError(
                 "planner_error",
                 f"agent {self.agent.name} asked for a model but has none",
             )
-        self.add(
-            ModelCallRequested,
-            step=state.step + 1,
-            messages_hash=messages_hash(step.messages),
-            message_count=len(step.messages),
-            params_json=canonical_json({"model": model.model_id, **step.params}),
-            attempt=attempt,
-        )
-        self.flush()  # write-ahead: the intention (and the last outcome) are durable
-        completion = self._complete(step)
+        policy = retrying(MODEL_TRIES, on=(Unavailable, RetryableToolError))
+        try:
+            for tried in policy:
+                with tried:
+                    number = attempt + tried.retry_state.attempt_number - 1
+                    self._request(state, step, model.model_id, number)
+                    completion = self._complete(model, step)
+        except Unavailable as e:
+            raise RunError(
+                "model_unavailable", f"{e} (gave up after {MODEL_TRIES} tries)"
+            ) from e
+        except RetryableToolError as e:  # e.g. an answer that does not parse
+            raise RunError(
+                "model_error", f"{e} (gave up after {MODEL_TRIES} tries)"
+            ) from e
         self.w.crash.hit("after_action:model")
         self.add(
             ModelResponded,
@@ -407,39 +415,37 @@ class RunLoop:
         )
         # The outcome goes out with the next step's intention: one ack per step.
 
-    def _complete(self, step: CallModel) -> Completion:
-        """The completion, retried while the model may answer later; otherwise the
-        run fails with ``model_unavailable`` or ``model_error``."""
-        model = self.agent.model
-        assert model is not None  # noqa: S101 - checked by call_model
-        for attempt in range(1, MODEL_TRIES + 1):
-            try:
-                completion = model.complete(step.messages, step.params)
-            except Unavailable as e:
-                last: tuple[str, Exception] = ("model_unavailable", e)
-            except RetryableToolError as e:  # e.g. an unparsable response
-                last = ("model_error", e)
-            except (ModelError, ConfigError) as e:
-                raise RunError("model_error", f"model refused the call: {e}") from e
-            except Exception as e:
-                raise RunError("model_error", f"{type(e).__name__}: {e}") from e
-            else:
-                if not isinstance(completion, Completion):
-                    raise RunError(
-                        "model_error",
-                        f"model returned {type(completion).__name__}, not a Completion",
-                    )
-                return completion
-            log.warning(
-                "run %s: model call %d/%d failed (%s)",
-                self.actor.run_id,
-                attempt,
-                MODEL_TRIES,
-                last[1],
+    def _request(
+        self, state: RunState, step: CallModel, model_id: str, attempt: int
+    ) -> None:
+        self.add(
+            ModelCallRequested,
+            step=state.step + 1,
+            messages_hash=request_hash(step, model_id),
+            message_count=len(step.messages),
+            params_json=canonical_json({"model": model_id, **step.params}),
+            attempt=attempt,
+        )
+        self.flush()  # write-ahead: the intention (and the last outcome) are durable
+
+    def _complete(self, model: ModelClient, step: CallModel) -> Completion:
+        """One call. ``Unavailable`` and ``RetryableToolError`` are retried by the
+        caller; a refusal or a client bug ends the run (``model_error``)."""
+        try:
+            completion = model.complete(step.messages, step.params, step.tools)
+        except (Unavailable, RetryableToolError) as e:
+            log.warning("run %s: model call failed (%s)", self.actor.run_id, e)
+            raise
+        except (ModelError, ConfigError) as e:
+            raise RunError("model_error", f"model refused the call: {e}") from e
+        except Exception as e:
+            raise RunError("model_error", f"{type(e).__name__}: {e}") from e
+        if not isinstance(completion, Completion):
+            raise RunError(
+                "model_error",
+                f"model returned {type(completion).__name__}, not a Completion",
             )
-            if attempt < MODEL_TRIES:
-                time.sleep(min(0.2 * 2 ** (attempt - 1), 5))
-        raise RunError(last[0], f"{last[1]} (gave up after {MODEL_TRIES} tries)")
+        return completion
 
     # -- tool steps ------------------------------------------------------------------
     def call_tool(self, state: RunState, step: CallTool) -> None:
@@ -507,37 +513,32 @@ class RunLoop:
         args: dict[str, JsonValue],
         ctx: ToolContext,
     ) -> tuple[str | None, str | None]:
-        for attempt in range(1, TOOL_TRIES + 1):
-            try:
-                result = canonical_json(self._run_tool(tool, args, ctx))
-            except _TimedOut:
-                if tool.side_effect:  # it may still happen: a person decides
-                    return _UNCERTAIN, f"timed out after {tool.timeout} s"
-                return None, f"timed out after {tool.timeout} s"
-            except RetryableToolError as e:
-                if attempt == TOOL_TRIES:
-                    return None, f"retryable error, gave up after {attempt} tries: {e}"
-                time.sleep(
-                    e.retry_after if e.retry_after is not None else 0.2 * attempt
-                )
-                continue
-            except TerminalToolError as e:
-                return None, str(e)
-            except FencedError:
-                raise  # the downstream refused our fencing token: we lost the run
-            except Exception as e:
-                return None, f"{type(e).__name__}: {e}"
-            limit = self.w.settings.kafka.max_event_bytes
-            if len(result.encode()) > limit:
-                # Larger than one log record may be: the run hears of it as an error
-                # instead of the worker failing its append.
-                return None, (
-                    f"result of {len(result.encode())} bytes exceeds the "
-                    f"{limit}-byte event limit and no object store is "
-                    "configured for payloads"
-                )
-            return result, None
-        return None, "unreachable"
+        try:
+            for tried in retrying(TOOL_TRIES, on=(RetryableToolError,), maximum=2.0):
+                with tried:
+                    result = canonical_json(self._run_tool(tool, args, ctx))
+        except _TimedOut:
+            if tool.side_effect:  # it may still happen: a person decides
+                return _UNCERTAIN, f"timed out after {tool.timeout} s"
+            return None, f"timed out after {tool.timeout} s"
+        except RetryableToolError as e:
+            return None, f"retryable error, gave up after {TOOL_TRIES} tries: {e}"
+        except TerminalToolError as e:
+            return None, str(e)
+        except FencedError:
+            raise  # the downstream refused our fencing token: we lost the run
+        except Exception as e:
+            return None, f"{type(e).__name__}: {e}"
+        limit = self.w.settings.kafka.max_event_bytes
+        if len(result.encode()) > limit:
+            # Larger than one log record may be: the run hears of it as an error
+            # instead of the worker failing its append.
+            return None, (
+                f"result of {len(result.encode())} bytes exceeds the "
+                f"{limit}-byte event limit and no object store is "
+                "configured for payloads"
+            )
+        return result, None
 
     def _run_tool(
         self, tool: Tool[Any], args: dict[str, JsonValue], ctx: ToolContext

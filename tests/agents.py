@@ -281,7 +281,7 @@ class PoisonAgent(ToolAgent):
 
 
 def _poison_model() -> ModelClient:
-    from es_agents.models import OpenAIChatModel  # noqa: PLC0415
+    from es_agents.adapters.openai_model import OpenAIChatModel  # noqa: PLC0415
 
     url = os.environ.get("ES_AGENTS_TEST_MODEL_URL", "http://127.0.0.1:9/v1")
     return OpenAIChatModel(url, "test-model", timeout=10)

@@ -39,12 +39,15 @@ from es_agents.core.state import GATE_PREFIX, RunState
 from es_agents.errors import EsAgentsError
 
 Message = dict[str, JsonValue]
+# A tool as the model is told of it: name, description, parameters (JSON Schema).
+ToolSpec = dict[str, JsonValue]
 
 
 @dataclass(frozen=True)
 class CallModel:
     messages: Sequence[Message]
     params: dict[str, JsonValue] = field(default_factory=dict)
+    tools: Sequence[ToolSpec] = ()
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,19 @@ def messages_hash(messages: Sequence[Message]) -> str:
     return (
         "sha256:" + hashlib.sha256(canonical_json(list(messages)).encode()).hexdigest()
     )
+
+
+def request_hash(step: CallModel, model_id: str) -> str:
+    """The hash of what a model call sends: model, messages, tools and parameters."""
+    if not step.tools and not step.params:
+        return messages_hash(step.messages)  # what runs recorded before tools were sent
+    request = {
+        "model": model_id,
+        "messages": list(step.messages),
+        "tools": list(step.tools),
+        "params": step.params,
+    }
+    return "sha256:" + hashlib.sha256(canonical_json(request).encode()).hexdigest()
 
 
 class Refused(EsAgentsError):

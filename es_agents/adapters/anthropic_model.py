@@ -1,0 +1,194 @@
+"""The Messages API through the official ``anthropic`` SDK.
+
+The run's neutral transcript becomes Anthropic's shape: system messages go to the
+``system`` parameter; assistant tool calls become ``tool_use`` blocks; consecutive
+tool results become one user message of ``tool_result`` blocks (with ``is_error`` for
+a failed call). Tools are sent with their JSON Schema as ``input_schema``. The SDK's
+own retries are off: the runtime's retry policy decides. Streaming is off.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, final
+
+from pydantic import JsonValue
+
+from es_agents.core.events import ToolCall, Usage
+from es_agents.core.step import Message, ToolSpec, canonical_json
+from es_agents.errors import ModelError, RetryableToolError, Unavailable
+from es_agents.models import Completion, retry_after_seconds
+
+if TYPE_CHECKING:
+    from anthropic import Anthropic
+    from anthropic.types import Message as AnthropicMessage
+    from anthropic.types import MessageParam, ToolParam
+
+ERROR_PREFIX = "error: "  # how the fold marks a failed tool call's content
+
+
+def to_anthropic(
+    messages: Sequence[Message],
+) -> tuple[str | None, list[MessageParam]]:
+    """(system prompt, messages) in the Messages API's wire shape."""
+    system: list[str] = []
+    out: list[Any] = []
+    results: list[dict[str, Any]] = []
+
+    def close_results() -> None:
+        if results:
+            out.append({"role": "user", "content": list(results)})
+            results.clear()
+
+    for m in messages:
+        role = m.get("role")
+        content = m.get("content")
+        if role == "tool":
+            text = str(content or "")
+            block: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": str(m.get("tool_call_id")),
+                "content": text,
+            }
+            if text.startswith(ERROR_PREFIX):
+                block["is_error"] = True
+            results.append(block)
+            continue
+        close_results()
+        if role == "system":
+            system.append(str(content or ""))
+        elif role == "assistant":
+            blocks: list[dict[str, Any]] = []
+            if content:
+                blocks.append({"type": "text", "text": str(content)})
+            calls = m.get("tool_calls")
+            for c in calls if isinstance(calls, list) else []:
+                if isinstance(c, dict):
+                    blocks.append(
+                        {
+                            "type": "tool_use",
+                            "id": c["call_id"],
+                            "name": c["name"],
+                            "input": _object(str(c["args_json"])),
+                        }
+                    )
+            out.append({"role": "assistant", "content": blocks})
+        else:
+            out.append({"role": "user", "content": str(content or "")})
+    close_results()
+    return ("\n\n".join(system) if system else None), out
+
+
+def to_anthropic_tools(tools: Sequence[ToolSpec]) -> list[ToolParam]:
+    return [
+        {
+            "name": str(t["name"]),
+            "description": str(t.get("description") or ""),
+            "input_schema": t.get("parameters") or {"type": "object"},  # type: ignore[typeddict-item]
+        }
+        for t in tools
+    ]
+
+
+def from_anthropic(response: AnthropicMessage, requested_model: str) -> Completion:
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for block in response.content:
+        if block.type == "text":
+            texts.append(block.text)
+        elif block.type == "tool_use":
+            calls.append(
+                ToolCall(
+                    call_id=block.id,
+                    name=block.name,
+                    args_json=canonical_json(block.input),
+                )
+            )
+    return Completion(
+        content="".join(texts) if texts else None,
+        tool_calls=tuple(calls),
+        finish_reason=response.stop_reason or "stop",
+        usage=Usage(
+            prompt_tokens=response.usage.input_tokens,
+            completion_tokens=response.usage.output_tokens,
+        ),
+        model_id=response.model or requested_model,
+    )
+
+
+@final
+class AnthropicModel:
+    """``complete`` raises ``Unavailable`` (connection, timeout, 408/409/429/5xx,
+    overloaded), ``ModelError`` (another 4xx), ``RetryableToolError`` (a body that
+    does not parse)."""
+
+    def __init__(
+        self,
+        model: str,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        timeout: float = 120.0,
+        max_tokens: int = 4096,
+    ) -> None:
+        from anthropic import Anthropic  # noqa: PLC0415 - loads only when used
+
+        self.model_id = model
+        self.max_tokens = max_tokens
+        self._client: Anthropic = Anthropic(
+            api_key=api_key or "not-needed",
+            base_url=base_url,
+            timeout=timeout,
+            max_retries=0,
+        )
+
+    def complete(
+        self,
+        messages: Sequence[Message],
+        params: dict[str, JsonValue],
+        tools: Sequence[ToolSpec] = (),
+    ) -> Completion:
+        import anthropic  # noqa: PLC0415
+
+        system, wire = to_anthropic(messages)
+        request: dict[str, Any] = {
+            "model": self.model_id,
+            "messages": wire,
+            "stream": False,
+            "max_tokens": self.max_tokens,
+            **({"system": system} if system is not None else {}),
+            **({"tools": to_anthropic_tools(tools)} if tools else {}),
+            **params,
+        }
+        try:
+            response: AnthropicMessage = self._client.messages.create(**request)
+        except anthropic.APIStatusError as e:
+            status = e.status_code
+            detail = f"model {self.model_id}: HTTP {status}: {_message(e.body)}"
+            if status in (408, 409, 429, 529) or status >= 500:
+                raise Unavailable(detail, retry_after_seconds(e.response)) from e
+            raise ModelError(detail) from e
+        except anthropic.APIConnectionError as e:  # timeouts included
+            raise Unavailable(f"model {self.model_id}: {e}") from e
+        except (anthropic.APIResponseValidationError, ValueError) as e:  # bad JSON too
+            raise RetryableToolError(f"unparsable model response: {e}") from e
+        try:
+            return from_anthropic(response, self.model_id)
+        except (AttributeError, TypeError, KeyError, IndexError, ValueError) as e:
+            raise RetryableToolError(f"unparsable model response: {e!r}") from e
+
+
+def _object(args_json: str) -> dict[str, object]:
+    try:
+        value = json.loads(args_json)
+    except ValueError:
+        return {"_unparsable": args_json}
+    return value if isinstance(value, dict) else {"_value": value}
+
+
+def _message(body: object) -> str:
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])[:500]
+    return json.dumps(body, default=str)[:500]

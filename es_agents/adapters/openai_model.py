@@ -1,0 +1,167 @@
+"""Chat completions through the official ``openai`` SDK, for any OpenAI-compatible
+server: OpenAI, vLLM, Ollama, llama.cpp's server, a LiteLLM proxy.
+
+The run's transcript (the fold's neutral messages) becomes the API's message params:
+assistant tool calls as ``{id, type: "function", function: {name, arguments}}`` and
+tool results as ``{role: "tool", tool_call_id, content}``. Tools are sent as function
+tools with their JSON Schema. The SDK's own retries are off (``max_retries=0``): the
+runtime's one retry policy decides, and records each attempt. Streaming is off.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, final
+
+from pydantic import JsonValue
+
+from es_agents.core.events import ToolCall, Usage
+from es_agents.core.step import Message, ToolSpec
+from es_agents.errors import ModelError, RetryableToolError, Unavailable
+from es_agents.models import Completion, retry_after_seconds
+
+if TYPE_CHECKING:
+    from openai import OpenAI
+    from openai.types.chat import (
+        ChatCompletion,
+        ChatCompletionMessageParam,
+        ChatCompletionToolUnionParam,
+    )
+
+
+def to_openai_messages(messages: Sequence[Message]) -> list[ChatCompletionMessageParam]:
+    """The fold's neutral transcript in the Chat Completions wire shape."""
+    out: list[Any] = []
+    for m in messages:
+        role = m.get("role")
+        if role == "assistant":
+            message: dict[str, Any] = {"role": "assistant", "content": m.get("content")}
+            calls = m.get("tool_calls")
+            if isinstance(calls, list) and calls:
+                message["tool_calls"] = [
+                    {
+                        "id": c["call_id"],
+                        "type": "function",
+                        "function": {"name": c["name"], "arguments": c["args_json"]},
+                    }
+                    for c in calls
+                    if isinstance(c, dict)
+                ]
+            out.append(message)
+        elif role == "tool":
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": m.get("tool_call_id"),
+                    "content": str(m.get("content") or ""),
+                }
+            )
+        else:
+            out.append({"role": role, "content": str(m.get("content") or "")})
+    return out
+
+
+def to_openai_tools(tools: Sequence[ToolSpec]) -> list[ChatCompletionToolUnionParam]:
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": str(t["name"]),
+                "description": str(t.get("description") or ""),
+                "parameters": t.get("parameters") or {"type": "object"},  # type: ignore[typeddict-item]
+            },
+        }
+        for t in tools
+    ]
+
+
+def from_openai(response: ChatCompletion, requested_model: str) -> Completion:
+    if not response.choices:
+        raise RetryableToolError("unparsable model response: no choices")
+    choice = response.choices[0]
+    message = choice.message
+    calls = tuple(
+        ToolCall(
+            call_id=c.id,
+            name=c.function.name,
+            args_json=c.function.arguments or "{}",
+        )
+        for c in message.tool_calls or ()
+        if c.type == "function"
+    )
+    usage = response.usage
+    return Completion(
+        content=message.content,
+        tool_calls=calls,
+        finish_reason=choice.finish_reason or "stop",
+        usage=Usage(
+            prompt_tokens=usage.prompt_tokens if usage else 0,
+            completion_tokens=usage.completion_tokens if usage else 0,
+        ),
+        model_id=response.model or requested_model,
+    )
+
+
+@final
+class OpenAIChatModel:
+    """``complete`` raises ``Unavailable`` (connection, timeout, 408/409/429/5xx:
+    retry), ``ModelError`` (another 4xx: do not), ``RetryableToolError`` (a body
+    that does not parse)."""
+
+    def __init__(
+        self,
+        base_url: str | None,
+        model: str,
+        api_key: str | None = None,
+        timeout: float = 120.0,
+    ) -> None:
+        from openai import OpenAI  # noqa: PLC0415 - the SDK loads only when used
+
+        self.model_id = model
+        self._client: OpenAI = OpenAI(
+            base_url=base_url,
+            api_key=api_key or "not-needed",  # local servers take any key
+            timeout=timeout,
+            max_retries=0,
+        )
+
+    def complete(
+        self,
+        messages: Sequence[Message],
+        params: dict[str, JsonValue],
+        tools: Sequence[ToolSpec] = (),
+    ) -> Completion:
+        import openai  # noqa: PLC0415
+
+        request: dict[str, Any] = {
+            "model": self.model_id,
+            "messages": to_openai_messages(messages),
+            "stream": False,
+            **({"tools": to_openai_tools(tools)} if tools else {}),
+            **params,
+        }
+        try:
+            response: ChatCompletion = self._client.chat.completions.create(**request)
+        except openai.APIStatusError as e:
+            status = e.status_code
+            detail = f"model {self.model_id}: HTTP {status}: {_message(e.body)}"
+            if status in (408, 409, 429) or status >= 500:
+                raise Unavailable(detail, retry_after_seconds(e.response)) from e
+            raise ModelError(detail) from e
+        except openai.APIConnectionError as e:  # timeouts included
+            raise Unavailable(f"model {self.model_id}: {e}") from e
+        except (openai.APIResponseValidationError, ValueError) as e:  # bad JSON too
+            raise RetryableToolError(f"unparsable model response: {e}") from e
+        try:
+            return from_openai(response, self.model_id)
+        except (AttributeError, TypeError, KeyError, IndexError, ValueError) as e:
+            raise RetryableToolError(f"unparsable model response: {e!r}") from e
+
+
+def _message(body: object) -> str:
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and "message" in error:
+            return str(error["message"])[:500]
+    return json.dumps(body, default=str)[:500]

@@ -1,0 +1,53 @@
+"""One retry policy, on tenacity: jittered exponential backoff that honours a
+server's ``Retry-After`` (an exception's ``retry_after``), for model calls, tool calls
+and the log's metadata waits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential_jitter,
+)
+
+# Longest wait a server's Retry-After may impose on one attempt.
+MAX_RETRY_AFTER = 60.0
+
+
+def backoff(
+    initial: float = 0.2, maximum: float = 5.0
+) -> Callable[[RetryCallState], float]:
+    """Exponential with jitter; a ``retry_after`` on the failure wins when longer."""
+    exponential = wait_exponential_jitter(
+        multiplier=initial, max=maximum, jitter=initial
+    )
+
+    def wait(state: RetryCallState) -> float:
+        delay = float(exponential(state))
+        failure = state.outcome.exception() if state.outcome is not None else None
+        asked = getattr(failure, "retry_after", None)
+        if isinstance(asked, int | float):
+            delay = max(delay, min(float(asked), MAX_RETRY_AFTER))
+        return delay
+
+    return wait
+
+
+def retrying(
+    tries: int,
+    on: tuple[type[BaseException], ...],
+    initial: float = 0.2,
+    maximum: float = 5.0,
+) -> Retrying:
+    """Up to ``tries`` attempts while the failure is one of ``on``; the last failure
+    is raised as it is."""
+    return Retrying(
+        stop=stop_after_attempt(tries),
+        wait=backoff(initial, maximum),
+        retry=retry_if_exception_type(on),
+        reraise=True,
+    )
