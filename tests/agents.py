@@ -313,3 +313,31 @@ def _quick(name: str) -> ToolAgent:
 
 quick = _quick("quick")
 quick_other = _quick("quick-other")
+
+
+# -- the research agent on a real model's wire (tests/wire_servers.py) ----------------
+def _research_on(wire: str) -> ToolAgent:
+    url = os.environ.get("ES_AGENTS_TEST_WIRE_URL", "http://127.0.0.1:9")
+    model: ModelClient
+    if wire == "openai":
+        from es_agents.adapters.openai_model import OpenAIChatModel  # noqa: PLC0415
+
+        model = OpenAIChatModel(url, "research-model", timeout=5)
+    else:
+        from es_agents.adapters.anthropic_model import AnthropicModel  # noqa: PLC0415
+
+        model = AnthropicModel("research-model", base_url=url, timeout=5)
+    return ToolAgent(
+        name=f"research-{wire}",
+        system_prompt=research.agent.system_prompt,
+        model=model,
+        tool_list=[research.search, research.create_ticket],
+    )
+
+
+def research_openai() -> ToolAgent:
+    return _research_on("openai")
+
+
+def research_anthropic() -> ToolAgent:
+    return _research_on("anthropic")
