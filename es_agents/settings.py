@@ -128,6 +128,23 @@ class KafkaSettings(BaseSettings):
         }
 
 
+class ModelSettings(BaseSettings):
+    """A real model's endpoint (``ES_AGENTS_MODEL_*``) for agents built from it."""
+
+    model_config = SettingsConfigDict(env_prefix="ES_AGENTS_MODEL_", extra="ignore")
+
+    provider: Literal["openai", "anthropic"] = "openai"
+    base_url: str | None = Field(
+        default=None,
+        description="An OpenAI-compatible server (vLLM, Ollama, llama.cpp, LiteLLM); "
+        "unset: the provider's own API",
+    )
+    name: str = Field(default="gpt-4o-mini", description="The model to ask for")
+    api_key: SecretStr | None = None
+    timeout: float = Field(default=120.0, gt=0)
+    max_tokens: int = Field(default=4096, ge=1, description="Anthropic's max_tokens")
+
+
 class Settings(BaseSettings):
     """Everything a worker, projector or CLI command needs."""
 

@@ -213,3 +213,25 @@ def test_wire_shapes() -> None:
         "assistant",
         "user",
     ]
+
+
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+def test_the_example_agent_takes_its_model_from_the_environment(
+    wire: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from es_agents.core.state import RunState  # noqa: PLC0415
+    from es_agents.core.step import CallModel  # noqa: PLC0415
+    from examples import any_model, research  # noqa: PLC0415
+
+    with wire_server(wire, research.SCRIPT) as server:  # type: ignore[arg-type]
+        monkeypatch.setenv("ES_AGENTS_MODEL_PROVIDER", wire)
+        monkeypatch.setenv("ES_AGENTS_MODEL_BASE_URL", server.url)
+        monkeypatch.setenv("ES_AGENTS_MODEL_NAME", "local-model")
+        agent = any_model.agent()
+        step = agent.plan(RunState(run_id="r", input_json='{"topic": "x"}'))
+        assert isinstance(step, CallModel)
+        assert agent.model is not None
+        first = agent.model.complete(step.messages, step.params, step.tools)
+    assert first.tool_calls[0].name == "search"
+    assert server.requests[0]["model"] == "local-model"
+    assert server.rejected == []
