@@ -11,8 +11,10 @@ from tenacity import (
     Retrying,
     retry_if_exception_type,
     stop_after_attempt,
+    stop_after_delay,
     wait_exponential_jitter,
 )
+from tenacity.stop import stop_base
 
 # Longest wait a server's Retry-After may impose on one attempt.
 MAX_RETRY_AFTER = 60.0
@@ -42,11 +44,15 @@ def retrying(
     on: tuple[type[BaseException], ...],
     initial: float = 0.2,
     maximum: float = 5.0,
+    within: float | None = None,
 ) -> Retrying:
-    """Up to ``tries`` attempts while the failure is one of ``on``; the last failure
-    is raised as it is."""
+    """Up to ``tries`` attempts (and ``within`` seconds) while the failure is one of
+    ``on``; the last failure is raised as it is."""
+    stop: stop_base = stop_after_attempt(tries)
+    if within is not None:
+        stop = stop | stop_after_delay(within)
     return Retrying(
-        stop=stop_after_attempt(tries),
+        stop=stop,
         wait=backoff(initial, maximum),
         retry=retry_if_exception_type(on),
         reraise=True,

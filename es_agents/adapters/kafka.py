@@ -41,6 +41,7 @@ from es_agents.core.events import Event
 from es_agents.errors import AppendError, ConfigError, DecodeError, Unavailable
 from es_agents.partitioner import partition_for
 from es_agents.ports import Position
+from es_agents.retry import retrying
 from es_agents.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -201,28 +202,46 @@ def _is_eof(msg: Message) -> bool:
     return err is not None and err.code() == KafkaError._PARTITION_EOF
 
 
+_NOT_YET_KNOWN = frozenset(
+    {
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+    }
+)
+
+
+class _NotYetKnown(Exception):
+    pass
+
+
 def _watermarks(consumer: Consumer, tp: TopicPartition) -> tuple[int, int]:
     """Low and high watermarks; a topic created a moment ago may take a few hundred
-    milliseconds to reach this client's metadata, so unknown partitions are retried."""
-    deadline = time.monotonic() + 10
-    while True:
+    milliseconds to reach this client's metadata, so unknown partitions are retried
+    (for up to 10 s, by the retry policy)."""
+
+    def ask() -> tuple[int, int]:
         try:
             low, high = consumer.get_watermark_offsets(tp, timeout=10)
         except KafkaException as e:
-            unknown = e.args[0].code() in (
-                KafkaError._UNKNOWN_PARTITION,
-                KafkaError.UNKNOWN_TOPIC_OR_PART,
-                KafkaError.NOT_LEADER_FOR_PARTITION,
-                KafkaError.LEADER_NOT_AVAILABLE,
-            )
-            if unknown and time.monotonic() < deadline:
+            if e.args[0].code() in _NOT_YET_KNOWN:
                 # Ask for the topic's metadata: a consumer does not learn about
                 # topics it neither subscribes to nor is assigned by itself.
                 consumer.list_topics(tp.topic, timeout=5)
-                time.sleep(0.05)
-                continue
+                raise _NotYetKnown(str(e)) from e
             raise Unavailable(f"{tp.topic}[{tp.partition}]: no watermarks: {e}") from e
         return int(low), int(high)
+
+    try:
+        for tried in retrying(
+            1000, on=(_NotYetKnown,), initial=0.05, maximum=0.2, within=10
+        ):
+            with tried:
+                return ask()
+    except _NotYetKnown as e:
+        raise Unavailable(f"{tp.topic}[{tp.partition}]: no watermarks: {e}") from e
+    raise Unavailable(f"{tp.topic}[{tp.partition}]: no watermarks")  # unreachable
 
 
 def _wait_for_leaders(admin: AdminClient, topics: list[str], timeout: float) -> Any:
