@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from es_agents.errors import ConfigError
 from es_agents.models import ModelClient
-from es_agents.settings import ModelSettings
+from es_agents.payloads import ClaimCheck
+from es_agents.settings import ModelSettings, Settings
 
 
 def build_model(settings: ModelSettings | None = None) -> ModelClient:
@@ -26,3 +27,18 @@ def build_model(settings: ModelSettings | None = None) -> ModelClient:
             max_tokens=s.max_tokens,
         )
     raise ConfigError(f"unknown model provider {s.provider!r}")
+
+
+def build_claim_check(settings: Settings) -> ClaimCheck | None:
+    """The payload claim check ``ES_AGENTS_PAYLOADS`` asks for (S3 by default)."""
+    if settings.payloads == "off":
+        return None
+    from es_agents.adapters.s3 import S3BlobStore  # noqa: PLC0415
+
+    store = S3BlobStore(
+        settings.s3_endpoint,
+        settings.s3_bucket,
+        settings.s3_access_key,
+        settings.s3_secret_key.get_secret_value(),
+    )
+    return ClaimCheck(store, settings.payload_threshold)

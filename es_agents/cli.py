@@ -139,10 +139,13 @@ def topics(partitions: int | None, fix_retention: bool) -> None:
 def replay(run_id: str, as_json: bool, record_to: str | None) -> None:
     """Read a run's events from the log (an audit) and print the folded state."""
     from es_agents.adapters.kafka import KafkaEventLog  # noqa: PLC0415
+    from es_agents.app import build_claim_check  # noqa: PLC0415
     from es_agents.core import replay as fold_all  # noqa: PLC0415
     from es_agents.settings import load_settings  # noqa: PLC0415
 
-    log = KafkaEventLog(load_settings().kafka)
+    settings = load_settings()
+    claims = build_claim_check(settings)  # payloads are read back and hash-checked
+    log = KafkaEventLog(settings.kafka, restore=claims.restore if claims else None)
     try:
         events = log.read_run(run_id)
     finally:
@@ -485,6 +488,8 @@ def status(run_id: str, as_json: bool) -> None:
         ]
     if view.loaded_from:
         summary["loaded_from"] = view.loaded_from
+    if view.payload_problem:
+        summary["payload_problem"] = view.payload_problem
     if as_json:
         _echo_json(summary)
         return

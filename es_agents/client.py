@@ -19,6 +19,7 @@ from typing import Literal
 from es_agents.adapters.kafka import KafkaEventLog, ensure_topics
 from es_agents.adapters.postgres import Database
 from es_agents.adapters.postgres_commands import PostgresCommandBook, Verdict
+from es_agents.app import build_claim_check
 from es_agents.core.commands import (
     Approve,
     Cancel,
@@ -30,7 +31,7 @@ from es_agents.core.commands import (
 from es_agents.core.fold import fold
 from es_agents.core.state import RunState
 from es_agents.core.step import Refused, decide, start
-from es_agents.errors import EsAgentsError
+from es_agents.errors import EsAgentsError, PayloadUnavailable
 from es_agents.ports import Position
 from es_agents.resume import RunLoader
 from es_agents.settings import Settings, load_settings
@@ -68,6 +69,7 @@ class RunView:
     refused: list[Verdict] = field(default_factory=list)
     dead_letters: list[tuple[str, int, int, str]] = field(default_factory=list)
     loaded_from: dict[str, int | None] = field(default_factory=dict)
+    payload_problem: str | None = None  # a claim-checked payload that did not load
 
 
 class Client:
@@ -75,7 +77,10 @@ class Client:
 
     def __init__(self, settings: Settings | None = None) -> None:
         self.settings = settings if settings is not None else load_settings()
-        self._log = KafkaEventLog(self.settings.kafka)
+        claims = build_claim_check(self.settings)
+        self._log = KafkaEventLog(
+            self.settings.kafka, restore=claims.restore if claims else None
+        )
         self._db = Database(self.settings.database_url.get_secret_value(), max_size=2)
         self._db.migrate()
         self._book = PostgresCommandBook(self._db, self.settings.kafka.topic_prefix)
@@ -105,7 +110,10 @@ class Client:
         command = StartRun(
             run_id=run_id or str(uuid.uuid4()), agent=agent, input_json=input_json
         )
-        exists = run_id is not None and self._loader.load(run_id).state is not None
+        exists = (
+            run_id is not None
+            and self._loader.load(run_id, restore=False).state is not None
+        )
         taken = self._book.reserve_start(command, exists)
         if taken is not None:
             return CommandResult(command, "refused", taken)
@@ -168,7 +176,8 @@ class Client:
         return self._await(command, state.agent, position, wait)
 
     def _applied_or_pending(self, run_id: str) -> RunState | None:
-        state = self._loader.load(run_id).state
+        # Deciding needs no payloads: claim-checked ones stay in the object store.
+        state = self._loader.load(run_id, restore=False).state
         if state is not None:
             return state
         pending = self._pending_start(run_id)
@@ -229,8 +238,14 @@ class Client:
 
     # -- reads -----------------------------------------------------------------------
     def status(self, run_id: str) -> RunView:
-        """The run as applied, or ``pending`` when its start waits for a worker."""
-        loaded = self._loader.load(run_id)
+        """The run as applied, or ``pending`` when its start waits for a worker.
+        A claim-checked payload that cannot be read back is reported, not raised."""
+        unreadable: str | None = None
+        try:
+            loaded = self._loader.load(run_id)
+        except PayloadUnavailable as e:
+            unreadable = str(e)
+            loaded = self._loader.load(run_id, restore=False)
         verdicts = self._book.for_run(run_id)
         refused = [v for v in verdicts if v.status == "refused"]
         dead = self._dead_letters(run_id)
@@ -248,6 +263,7 @@ class Client:
                     "events_from_postgres": loaded.events_from_db,
                     "events_from_log": loaded.events_from_log,
                 },
+                unreadable,
             )
         pending = self._pending_start(run_id)
         if pending is not None:

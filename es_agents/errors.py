@@ -79,3 +79,12 @@ class ModelError(EsAgentsError):
 
 class OversizedEvent(EsAgentsError):
     """An event larger than the log accepts; nothing of its batch was appended."""
+
+
+class PayloadUnavailable(EsAgentsError):
+    """A claim-checked payload is missing from the object store or does not match
+    its hash; the run pauses (``payload_unavailable``) until a person acts."""
+
+    def __init__(self, message: str, run_id: str = "", step: int = 0, key: str = ""):
+        super().__init__(message)
+        self.run_id, self.step, self.key = run_id, step, key

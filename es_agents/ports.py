@@ -37,3 +37,15 @@ class CommandBus(Protocol):
     """Where people and scripts send commands to runs."""
 
     def send(self, command: Command) -> Position: ...
+
+
+class BlobStore(Protocol):
+    """Content-addressed bytes for payloads too large for an event (claim check)."""
+
+    def put(self, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key``; storing the same key again is harmless."""
+        ...
+
+    def get(self, key: str) -> bytes:
+        """The bytes under ``key``; raise ``PayloadUnavailable`` when missing."""
+        ...

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ import psycopg
 from es_agents.adapters.kafka import KafkaEventLog
 from es_agents.adapters.postgres import Database
 from es_agents.codec import AvroCodec
+from es_agents.core.events import Event
 from es_agents.core.fold import fold
 from es_agents.core.snapshot import REDUCER_VERSION, from_snapshot
 from es_agents.core.state import RunState
@@ -31,7 +33,10 @@ log = logging.getLogger(__name__)
 
 
 def load_projected(
-    conn: psycopg.Connection[Any], codec: AvroCodec, run_id: str
+    conn: psycopg.Connection[Any],
+    codec: AvroCodec,
+    run_id: str,
+    restore: Callable[[Event], Event] | None = None,
 ) -> tuple[RunState | None, int | None, int]:
     """The latest snapshot (of this reducer version) plus the projected events after
     it: (state, snapshot seq or None, number of events folded). O(K)."""
@@ -57,6 +62,8 @@ def load_projected(
         (run_id, after),
     ):
         event = codec.decode_event(bytes(payload))
+        if restore is not None:
+            event = restore(event)
         state = fold(state if state is not None else RunState(run_id=run_id), event)
         folded += 1
     return state, (row[0] if row is not None else None), folded
@@ -92,9 +99,11 @@ class RunLoader:
             ).fetchone()
         return int(row[0]) if row is not None else 0
 
-    def load(self, run_id: str, at_least: int = 0) -> Loaded:
+    def load(self, run_id: str, at_least: int = 0, restore: bool = True) -> Loaded:
         """``at_least``: the caller's own last committed offset on the run's
-        partition; the tail is read at least that far (read your writes)."""
+        partition; the tail is read at least that far (read your writes).
+        ``restore``: read claim-checked payloads back (False: leave them claimed,
+        to learn a run's position when a payload is unavailable)."""
         partition = self.log.partition_for(run_id)
         if self.wait > 0:
             end = self.log.end_offset(self.log.settings.events_topic, partition)
@@ -106,7 +115,9 @@ class RunLoader:
         codec = self.log.codec
         with self.db.transaction() as conn:
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            state, snapshot_seq, from_db = load_projected(conn, codec, run_id)
+            state, snapshot_seq, from_db = load_projected(
+                conn, codec, run_id, self.log.restore if restore else None
+            )
             offset_row = conn.execute(
                 "SELECT next_offset FROM projector_offsets WHERE group_id = %s "
                 "AND topic = %s AND partition = %s",
@@ -115,7 +126,7 @@ class RunLoader:
         projected = int(offset_row[0]) if offset_row is not None else 0
         tail = 0
         for event in self.log.read_run(
-            run_id, from_offset=projected, at_least=at_least
+            run_id, from_offset=projected, at_least=at_least, restore=restore
         ):
             if state is None or event.seq > state.seq:
                 state = fold(

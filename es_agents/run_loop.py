@@ -87,7 +87,7 @@ class NotMine(Exception):
 class RunLoop:
     """One activation of one run: load, apply commands, take steps until it waits."""
 
-    def __init__(self, worker: Worker, actor: RunActor) -> None:
+    def __init__(self, worker: Worker, actor: RunActor, restore: bool = True) -> None:
         self.w = worker
         self.actor = actor
         self.agent = worker.agent
@@ -106,7 +106,9 @@ class RunLoop:
         self.verdicts: list[Decided] = []
         # Snapshot + at most K events (plus the projector's lag), not the whole log.
         self.state: RunState | None = worker.loader.load(
-            actor.run_id, at_least=worker.committed_end(actor.partition)
+            actor.run_id,
+            at_least=worker.committed_end(actor.partition),
+            restore=restore,
         ).state
 
     # -- appends -------------------------------------------------------------------
@@ -126,6 +128,9 @@ class RunLoop:
         """Make everything buffered durable (one acknowledgement), then let the
         offsets of the commands that caused it be committed."""
         if self.buffer:
+            claims = self.w.claims
+            if claims is not None:  # large payloads to the object store first
+                self.buffer = [claims.claim(e) for e in self.buffer]
             self._check_sizes()
             batch, self.buffer = self.buffer, []
             for event in batch:
@@ -530,7 +535,7 @@ class RunLoop:
         except Exception as e:
             return None, f"{type(e).__name__}: {e}"
         limit = self.w.settings.kafka.max_event_bytes
-        if len(result.encode()) > limit:
+        if self.w.claims is None and len(result.encode()) > limit:
             # Larger than one log record may be: the run hears of it as an error
             # instead of the worker failing its append.
             return None, (

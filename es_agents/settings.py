@@ -158,6 +158,15 @@ class Settings(BaseSettings):
     s3_bucket: str = "es-payloads"
     s3_access_key: str = "es-agents"
     s3_secret_key: SecretStr = SecretStr("es-agents-secret")
+    payloads: Literal["s3", "off"] = Field(
+        default="s3",
+        description="s3: payload fields over the threshold go to the object store",
+    )
+    payload_threshold: int = Field(
+        default=256 * 1024,
+        ge=1024,
+        description="Bytes above which a payload field is claim-checked",
+    )
     fencing: Literal["transactions", "none"] = Field(
         default="transactions",
         description="transactions: a worker that lost a partition cannot append to it",

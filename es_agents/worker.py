@@ -47,11 +47,13 @@ from es_agents.adapters.postgres import (
 )
 from es_agents.adapters.postgres_commands import Decided, PostgresCommandBook
 from es_agents.agent import Agent, code_revision, declared_gates
+from es_agents.app import build_claim_check
 from es_agents.core.commands import Command, FireTimer, StartRun
-from es_agents.core.events import Event, RunFailed
+from es_agents.core.events import Event, Interrupted, RunFailed
 from es_agents.core.fold import fold
 from es_agents.core.snapshot import REDUCER_VERSION
 from es_agents.core.state import RunState, Versions
+from es_agents.core.step import canonical_json
 from es_agents.core.versions import StateMigration, VersionPolicy
 from es_agents.crash import CrashPoints
 from es_agents.errors import (
@@ -59,6 +61,7 @@ from es_agents.errors import (
     DecodeError,
     EsAgentsError,
     FencedError,
+    PayloadUnavailable,
     RunError,
     Unavailable,
 )
@@ -148,7 +151,10 @@ class Worker:
         self.crash = crash if crash is not None else CrashPoints.from_env()
         self.journal = AckJournal(settings.ack_journal)
         kafka = settings.kafka
-        self.log = KafkaEventLog(kafka)
+        self.claims = build_claim_check(settings)
+        self.log = KafkaEventLog(
+            kafka, restore=self.claims.restore if self.claims else None
+        )
         self.dlq = DeadLetterQueue(kafka, self.log.link)
         self.db = Database(settings.database_url.get_secret_value())
         self.db.migrate()
@@ -486,6 +492,7 @@ class Worker:
         while True:
             loop: RunLoop | None = None
             failure: tuple[str, str] | None = None
+            unreadable: PayloadUnavailable | None = None
             try:
                 loop = RunLoop(self, actor)
                 loop.drive()
@@ -497,13 +504,23 @@ class Worker:
                 return
             except (Unavailable, AppendError):
                 raise  # the log or the database is gone: crash-only, see _guard
+            except PayloadUnavailable as e:
+                failure = ("payload_unavailable", str(e))
+                unreadable = e
             except RunError as e:
                 failure = (e.kind, str(e))
             except Exception as e:
                 log.exception("run %s: unexpected error", actor.run_id)
                 kind = "reducer_error" if loop is None else "worker_error"
                 failure = (kind, f"{type(e).__name__}: {e}")
-            if failure is not None and not self._contain(actor, loop, *failure):
+            if unreadable is not None:
+                try:
+                    self._contain_payload(actor, loop, unreadable)
+                except FencedError as e:
+                    log.warning("run %s: %s", actor.run_id, e)
+                    self._forget(actor)
+                    return
+            elif failure is not None and not self._contain(actor, loop, *failure):
                 return
             with self._lock:
                 if actor.stopping or not (actor.inbox or actor.wake):
@@ -512,6 +529,36 @@ class Worker:
                         del self._actors[actor.run_id]
                     return
                 actor.wake = False
+
+    def _contain_payload(
+        self, actor: RunActor, failed: RunLoop | None, error: PayloadUnavailable
+    ) -> None:
+        """A claim-checked payload the run needs cannot be read: pause the run with
+        reason ``payload_unavailable`` (its position is known without payloads)."""
+        log.warning("run %s: %s", actor.run_id, error)
+        loop = RunLoop(self, actor, restore=False)
+        if failed is not None:
+            loop.applied = failed.applied
+        loop.apply_commands()  # deciding needs no payload; stepping does
+        state = loop.state
+        if state is None or state.status != "running":
+            loop.flush()
+            return
+        loop.add(
+            Interrupted,
+            reason="payload_unavailable",
+            detail_json=canonical_json(
+                {
+                    "run_id": error.run_id or actor.run_id,
+                    "step": error.step,
+                    "key": error.key,
+                    "error": str(error),
+                    "resolve": "restore the object, then "
+                    "es-agents provide-input RUN --by NAME --input '{}'",
+                }
+            ),
+        )
+        loop.flush()
 
     def _contain(
         self, actor: RunActor, loop: RunLoop | None, kind: str, reason: str

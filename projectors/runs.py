@@ -14,6 +14,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -35,13 +36,14 @@ from es_agents.adapters.kafka import (
     where,
 )
 from es_agents.adapters.postgres import Database
+from es_agents.app import build_claim_check
 from es_agents.codec import AvroCodec
-from es_agents.core.events import Interrupted, RunCompleted, RunFailed
+from es_agents.core.events import Event, Interrupted, RunCompleted, RunFailed
 from es_agents.core.fold import fold
 from es_agents.core.snapshot import REDUCER_VERSION, to_snapshot
 from es_agents.core.state import RunState
 from es_agents.crash import CrashPoints
-from es_agents.errors import DecodeError, FoldError, Unavailable
+from es_agents.errors import DecodeError, FoldError, PayloadUnavailable, Unavailable
 from es_agents.resume import load_projected
 from es_agents.settings import Settings
 
@@ -60,10 +62,13 @@ class Batch:
 
 
 def load_state(
-    conn: psycopg.Connection[Any], codec: AvroCodec, run_id: str
+    conn: psycopg.Connection[Any],
+    codec: AvroCodec,
+    run_id: str,
+    restore: Callable[[Event], Event] | None = None,
 ) -> RunState | None:
     """A run's state from the projection alone: snapshot + projected events."""
-    return load_projected(conn, codec, run_id)[0]
+    return load_projected(conn, codec, run_id, restore)[0]
 
 
 class Projector:
@@ -88,6 +93,12 @@ class Projector:
         self._link = KafkaProducerLink(settings.kafka)
         self.dlq = DeadLetterQueue(settings.kafka, self._link)
         self._cache: OrderedDict[str, RunState] = OrderedDict()
+        # Runs folded without some claim-checked payload: no snapshots of them.
+        self._incomplete: set[str] = set()
+        claims = build_claim_check(settings)
+        self.restore: Callable[[Event], Event] = (
+            claims.restore if claims is not None else (lambda event: event)
+        )
         self._cache_size = cache_size
         self._stop = threading.Event()
         self._at_end: set[int] = set()
@@ -232,6 +243,7 @@ class Projector:
         state = self._state(conn, event.run_id)
         if state is not None and event.seq <= state.seq:
             return  # a duplicate of a projected event
+        event = self._restore(event)
         try:
             state = fold(
                 state if state is not None else RunState(run_id=event.run_id), event
@@ -255,7 +267,8 @@ class Projector:
             )
         )
         batch.runs[event.run_id] = (state, partition, offset)
-        if (event.seq + 1) % self.k == 0 or isinstance(event, SNAPSHOT_EVENTS):
+        snapshot = (event.seq + 1) % self.k == 0 or isinstance(event, SNAPSHOT_EVENTS)
+        if snapshot and event.run_id not in self._incomplete:
             batch.snapshots.append(
                 (
                     event.run_id,
@@ -282,7 +295,24 @@ class Projector:
         if state is not None:
             self._cache.move_to_end(run_id)
             return state
-        return load_state(conn, self.codec, run_id)
+        self._incomplete.discard(run_id)
+        try:
+            return load_state(conn, self.codec, run_id, self.restore)
+        except PayloadUnavailable as e:
+            log.warning("run %s: projected without its payloads: %s", run_id, e)
+            self._incomplete.add(run_id)
+            return load_state(conn, self.codec, run_id)
+
+    def _restore(self, event: Event) -> Event:
+        """The event with its claim-checked payloads; without them (and no more
+        snapshots of its run until it loads whole again) when they are unavailable:
+        a snapshot must be the fold of the log, never of empty fields."""
+        try:
+            return self.restore(event)
+        except PayloadUnavailable as e:
+            log.warning("%s", e)
+            self._incomplete.add(event.run_id)
+            return event
 
     def _remember(self, state: RunState) -> None:
         self._cache[state.run_id] = state

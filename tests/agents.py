@@ -21,7 +21,7 @@ from es_agents.agent import ToolAgent
 from es_agents.core.state import RunState
 from es_agents.core.step import Finish, Interrupt, PatchState, Step
 from es_agents.core.versions import StateMigration
-from es_agents.models import ModelClient, ScriptedModel, call, reply
+from es_agents.models import Completion, ModelClient, ScriptedModel, call, reply
 from es_agents.tools import Tool, ToolContext, tool
 from examples import research
 
@@ -341,3 +341,46 @@ def research_openai() -> ToolAgent:
 
 def research_anthropic() -> ToolAgent:
     return _research_on("anthropic")
+
+
+# -- payloads of any size (the claim check) -------------------------------------------
+class BlobArgs(BaseModel):
+    mb: float
+
+
+@tool(BlobArgs, side_effect=False)
+def blob(args: BlobArgs, ctx: ToolContext) -> JsonValue:
+    """A result of the given size in megabytes."""
+    return "b" * int(args.mb * 1_000_000)
+
+
+@tool(NoArgs, requires_approval=True, honors_idempotency_key=True)
+def confirm(args: NoArgs, ctx: ToolContext) -> JsonValue:
+    """Needs a person's approval."""
+    return {"confirmed": ctx.idempotency_key}
+
+
+def _bulky_answer(messages: object) -> Completion:
+    return Completion(content="y" * 2_000_000)
+
+
+bulky = ToolAgent(
+    name="bulky",
+    system_prompt="Fetch two blobs, answer at length.",
+    model=ScriptedModel(
+        [call("blob", "c1", mb=5), call("blob", "c2", mb=50), _bulky_answer],
+        model_id="scripted-bulky",
+        calls_log=CALLS_LOG,
+    ),
+    tool_list=[blob],
+)
+
+fragile = ToolAgent(
+    name="fragile",
+    system_prompt="Fetch a blob, then confirm.",
+    model=ScriptedModel(
+        [call("blob", "c1", mb=1), call("confirm", "c2"), reply("done")],
+        model_id="scripted-fragile",
+    ),
+    tool_list=[blob, confirm],
+)

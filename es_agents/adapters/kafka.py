@@ -363,9 +363,13 @@ class KafkaEventLog:
         settings: KafkaSettings,
         codec: AvroCodec | None = None,
         link: KafkaProducerLink | None = None,
+        restore: Callable[[Event], Event] | None = None,
     ) -> None:
         self.settings = settings
         self.codec = codec if codec is not None else AvroCodec()
+        # Reads a claim-checked payload back into its event (the claim check's
+        # ``restore``); the identity when payloads are not claim-checked.
+        self.restore: Callable[[Event], Event] = restore or (lambda event: event)
         self._owns_link = link is None
         self.link = link if link is not None else KafkaProducerLink(settings)
         self._reader: Consumer | None = None
@@ -397,10 +401,15 @@ class KafkaEventLog:
 
     # -- reading ---------------------------------------------------------------
     def read_run(
-        self, run_id: str, from_offset: int = 0, at_least: int = 0
+        self,
+        run_id: str,
+        from_offset: int = 0,
+        at_least: int = 0,
+        restore: bool = True,
     ) -> list[Event]:
         """The run's events from ``from_offset`` of its partition to the current end
-        (and at least to ``at_least``: see ``read_partition``)."""
+        (and at least to ``at_least``: see ``read_partition``), claim-checked
+        payloads read back (``restore``)."""
         partition = self.partition_for(run_id)
         key = run_id.encode()
         events: list[Event] = []
@@ -408,7 +417,8 @@ class KafkaEventLog:
             self.settings.events_topic, partition, from_offset, at_least=at_least
         ):
             if msg.key() == key:
-                events.append(self._decode_at(msg))
+                event = self._decode_at(msg)
+                events.append(self.restore(event) if restore else event)
         return events
 
     def end_offset(self, topic: str, partition: int) -> int:

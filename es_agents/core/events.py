@@ -45,6 +45,17 @@ class ToolCall(BaseModel):
     args_json: str
 
 
+class PayloadClaim(BaseModel):
+    """A field kept in the object store (claim check); the event's field is empty."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    field: str  # e.g. "result_json", "content", "tool_calls.0.args_json"
+    sha256: str
+    size: int
+    key: str
+
+
 class Usage(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -83,6 +94,7 @@ class ModelResponded(Event):
     finish_reason: str = "stop"
     usage: Usage = Usage()
     model_id: str = ""
+    claims: tuple[PayloadClaim, ...] = ()
 
 
 class ToolCallRequested(Event):
@@ -93,6 +105,7 @@ class ToolCallRequested(Event):
     args_json: str
     idempotency_key: str
     side_effect: bool = True
+    claims: tuple[PayloadClaim, ...] = ()
 
 
 class ToolReturned(Event):
@@ -102,6 +115,7 @@ class ToolReturned(Event):
     result_json: str | None = None
     error: str | None = None
     reconciled: bool = False
+    claims: tuple[PayloadClaim, ...] = ()
 
 
 class StatePatched(Event):
@@ -126,12 +140,14 @@ class Resumed(Event):
     command_id: str | None = None
     by: str | None = None
     input_json: str | None = None
+    claims: tuple[PayloadClaim, ...] = ()
 
 
 class RunCompleted(Event):
     wire_name: ClassVar[str] = "run_completed"
 
     output_json: str
+    claims: tuple[PayloadClaim, ...] = ()
 
 
 class RunFailed(Event):

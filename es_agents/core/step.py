@@ -173,7 +173,13 @@ def decide(  # noqa: PLR0912 - one branch per command and verdict
     if isinstance(command, Approve | Reject):
         _decide_gate(state, command, out)
     elif isinstance(command, ProvideInput):
-        # Input answers a question, or settles an uncertain effect with its result.
+        # Input answers a question, or settles an uncertain effect with its result;
+        # for a payload that was unavailable it says "restored: try again".
+        if state.waiting is not None and state.waiting.reason == "payload_unavailable":
+            out.add(
+                Resumed, reason="retry", command_id=command.command_id, by=command.by
+            )
+            return out.events
         if state.waiting is None or state.waiting.reason not in (
             "awaiting_input",
             "uncertain_effect",

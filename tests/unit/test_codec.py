@@ -47,7 +47,8 @@ def test_every_schema_round_trips(info: SchemaInfo, data: st.DataObject) -> None
     assert encoded[2:10] == info.fingerprint
     writer, decoded = CODEC.decode_record(encoded)
     assert writer == info
-    assert decoded == record
+    # Decoded under the newest schema: a later version's added fields take defaults.
+    assert {k: decoded[k] for k in record} == record
 
 
 @pytest.mark.parametrize("info", SCHEMAS, ids=lambda s: s.ref)

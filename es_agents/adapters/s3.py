@@ -1,0 +1,59 @@
+"""Payload bytes in an S3-compatible object store (boto3), keyed by content hash."""
+
+from __future__ import annotations
+
+from typing import Any, final
+
+from es_agents.errors import PayloadUnavailable, Unavailable
+
+
+@final
+class S3BlobStore:
+    """``BlobStore`` on one bucket. Objects are immutable: a key is its bytes' hash,
+    so writing one twice writes the same bytes."""
+
+    def __init__(
+        self, endpoint: str, bucket: str, access_key: str, secret_key: str
+    ) -> None:
+        import boto3  # noqa: PLC0415 - loads only when payloads are configured
+        from botocore.config import Config  # noqa: PLC0415
+
+        self.bucket = bucket
+        self._client: Any = boto3.client(
+            "s3",
+            endpoint_url=endpoint,
+            aws_access_key_id=access_key,
+            aws_secret_access_key=secret_key,
+            region_name="us-east-1",
+            config=Config(
+                s3={"addressing_style": "path"},
+                retries={"max_attempts": 5, "mode": "standard"},
+                connect_timeout=5,
+                read_timeout=60,
+            ),
+        )
+
+    def put(self, key: str, data: bytes) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
+
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=key, Body=data)
+        except (BotoCoreError, ClientError) as e:
+            raise Unavailable(f"s3://{self.bucket}/{key}: cannot store: {e}") from e
+
+    def get(self, key: str) -> bytes:
+        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
+
+        try:
+            response = self._client.get_object(Bucket=self.bucket, Key=key)
+            data: bytes = response["Body"].read()
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            if code in ("NoSuchKey", "404", "NotFound"):
+                raise PayloadUnavailable(
+                    f"s3://{self.bucket}/{key}: no such object"
+                ) from e
+            raise Unavailable(f"s3://{self.bucket}/{key}: {e}") from e
+        except BotoCoreError as e:
+            raise Unavailable(f"s3://{self.bucket}/{key}: {e}") from e
+        return data

@@ -1,0 +1,124 @@
+"""The claim check: payload fields over a threshold go to an object store.
+
+A completion's content, a tool call's arguments, a tool's result or a person's input
+larger than ``threshold`` bytes is stored by its SHA-256 (``sha256/<hex>``) and the
+event carries a ``PayloadClaim`` (field, hash, size, key) with the field left empty.
+Every reader restores the field before folding, and checks the hash: a missing or
+altered object raises ``PayloadUnavailable`` naming run, step and key — never a
+silent wrong state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from es_agents.core.events import (
+    Event,
+    ModelResponded,
+    PayloadClaim,
+    Resumed,
+    RunCompleted,
+    ToolCall,
+    ToolCallRequested,
+    ToolReturned,
+)
+from es_agents.errors import ConfigError, PayloadUnavailable
+from es_agents.ports import BlobStore
+
+DEFAULT_THRESHOLD = 256 * 1024
+# The payload fields of each event type that may be claim-checked.
+FIELDS: dict[type[Event], tuple[str, ...]] = {
+    ModelResponded: ("content",),
+    ToolCallRequested: ("args_json",),
+    ToolReturned: ("result_json",),
+    Resumed: ("input_json",),
+    RunCompleted: ("output_json",),
+}
+
+
+@dataclass(frozen=True)
+class ClaimCheck:
+    store: BlobStore
+    threshold: int = DEFAULT_THRESHOLD
+
+    def __post_init__(self) -> None:
+        if self.threshold < 1024:
+            raise ConfigError("the payload threshold must be at least 1024 bytes")
+
+    def claim(self, event: Event) -> Event:
+        """The event with its large payload fields stored away (or as it is)."""
+        fields = FIELDS.get(type(event))
+        if fields is None:
+            return event
+        update: dict[str, Any] = {}
+        claims: list[PayloadClaim] = []
+        for name in fields:
+            value = getattr(event, name)
+            if isinstance(value, str) and len(value) * 4 > self.threshold:
+                data = value.encode()
+                if len(data) > self.threshold:
+                    claims.append(self._put(name, data))
+                    update[name] = ""
+        if isinstance(event, ModelResponded):
+            calls = list(event.tool_calls)
+            for i, call in enumerate(calls):
+                data = call.args_json.encode()
+                if len(data) > self.threshold:
+                    claims.append(self._put(f"tool_calls.{i}.args_json", data))
+                    calls[i] = call.model_copy(update={"args_json": ""})
+            if claims:
+                update["tool_calls"] = tuple(calls)
+        if not claims:
+            return event
+        return event.model_copy(update={**update, "claims": tuple(claims)})
+
+    def _put(self, name: str, data: bytes) -> PayloadClaim:
+        digest = hashlib.sha256(data).hexdigest()
+        key = f"sha256/{digest}"
+        self.store.put(key, data)
+        return PayloadClaim(field=name, sha256=digest, size=len(data), key=key)
+
+    def restore(self, event: Event) -> Event:
+        """The event with its claimed fields read back and checked."""
+        claims: tuple[PayloadClaim, ...] = getattr(event, "claims", ())
+        if not claims:
+            return event
+        update: dict[str, Any] = {"claims": ()}
+        calls = list(getattr(event, "tool_calls", ()))
+        for claim in claims:
+            text = self._get(event, claim)
+            if claim.field.startswith("tool_calls."):
+                index = int(claim.field.split(".")[1])
+                call: ToolCall = calls[index]
+                calls[index] = call.model_copy(update={"args_json": text})
+                update["tool_calls"] = tuple(calls)
+            else:
+                update[claim.field] = text
+        return event.model_copy(update=update)
+
+    def _get(self, event: Event, claim: PayloadClaim) -> str:
+        where = f"run {event.run_id}, step {event.step}, key {claim.key}"
+        try:
+            data = self.store.get(claim.key)
+        except PayloadUnavailable as e:
+            raise PayloadUnavailable(
+                f"payload of {claim.field} ({where}) is unavailable: {e}",
+                event.run_id,
+                event.step,
+                claim.key,
+            ) from e
+        if len(data) != claim.size or hashlib.sha256(data).hexdigest() != claim.sha256:
+            raise PayloadUnavailable(
+                f"payload of {claim.field} ({where}) does not match its hash",
+                event.run_id,
+                event.step,
+                claim.key,
+            )
+        return data.decode()
+
+
+def restorer(checks: ClaimCheck | None) -> Any:
+    """``restore`` of a claim check, or the identity when there is none."""
+    return checks.restore if checks is not None else (lambda event: event)
