@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +52,7 @@ from es_agents.core.step import (
     timer_id,
 )
 from es_agents.core.versions import Migrate, Refuse, fingerprint, gate
+from es_agents.daemon_pool import DaemonPool
 from es_agents.errors import (
     AppendError,
     ConfigError,
@@ -548,22 +547,14 @@ class RunLoop:
     def _run_tool(
         self, tool: Tool[Any], args: dict[str, JsonValue], ctx: ToolContext
     ) -> JsonValue:
-        """Call the tool on a thread of its own, waiting at most its timeout.
+        """Call the tool on a daemon thread, waiting at most its timeout.
 
-        A call past its timeout keeps its thread (Python cannot stop one); the
-        thread is a daemon, so it never keeps the worker from exiting.
+        A call past its timeout keeps its thread (Python cannot stop one); daemon
+        threads never keep the worker from exiting.
         """
         if tool.timeout is None:
             return tool(args, ctx)
-        future: Future[JsonValue] = Future()
-
-        def call() -> None:
-            try:
-                future.set_result(tool(args, ctx))
-            except BaseException as e:
-                future.set_exception(e)
-
-        threading.Thread(target=call, daemon=True, name=f"tool-{tool.name}").start()
+        future = _TOOL_THREADS.submit(lambda: tool(args, ctx))
         try:
             result: JsonValue = future.result(tool.timeout)
         except FutureTimeout as e:
@@ -661,6 +652,7 @@ class RunLoop:
 
 
 _UNCERTAIN: Any = object()
+_TOOL_THREADS = DaemonPool("tool")
 
 
 def _text_size(event: Event) -> int:
