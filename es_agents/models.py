@@ -17,7 +17,13 @@ from typing import Protocol, final
 from pydantic import JsonValue
 
 from es_agents.core.events import ToolCall, Usage
-from es_agents.core.step import Message, ToolSpec, canonical_json, messages_hash
+from es_agents.core.step import (
+    CallModel,
+    Message,
+    ToolSpec,
+    canonical_json,
+    request_hash,
+)
 
 
 @dataclass(frozen=True)
@@ -103,7 +109,8 @@ class ScriptedModel:
         tools: Sequence[ToolSpec] = (),
     ) -> Completion:
         turn = sum(1 for m in messages if m.get("role") == "assistant")
-        digest = messages_hash(messages)
+        # The same hash the run records in model_call_requested for this call.
+        digest = request_hash(CallModel(messages, params, tuple(tools)), self.model_id)
         with self._lock:
             self.calls.append(digest)
             if self.calls_log is not None:

@@ -245,9 +245,10 @@ def _watermarks(consumer: Consumer, tp: TopicPartition) -> tuple[int, int]:
 
 
 def _wait_for_leaders(admin: AdminClient, topics: list[str], timeout: float) -> Any:
-    """New topics are usable once every partition has a leader in the metadata."""
-    deadline = time.monotonic() + timeout
-    while True:
+    """New topics are usable once every partition has a leader in the metadata;
+    polled by the retry policy for up to ``timeout`` seconds."""
+
+    def metadata() -> Any:
         existing = admin.list_topics(timeout=timeout).topics
         ready = all(
             t in existing
@@ -258,9 +259,19 @@ def _wait_for_leaders(admin: AdminClient, topics: list[str], timeout: float) -> 
             )
             for t in topics
         )
-        if ready or time.monotonic() > deadline:
-            return existing
-        time.sleep(0.05)
+        if not ready:
+            raise _NotYetKnown(f"topics {topics} have partitions without a leader")
+        return existing
+
+    try:
+        for tried in retrying(
+            1000, on=(_NotYetKnown,), initial=0.05, maximum=0.2, within=timeout
+        ):
+            with tried:
+                return metadata()
+    except _NotYetKnown:
+        pass
+    return admin.list_topics(timeout=timeout).topics  # the caller checks what is there
 
 
 def consume_now(consumer: Consumer, max_messages: int, timeout: float) -> list[Message]:
