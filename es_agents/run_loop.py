@@ -396,9 +396,11 @@ class RunLoop:
         policy = retrying(MODEL_TRIES, on=(Unavailable, RetryableToolError))
         try:
             for tried in policy:
+                # The request is outside the retried block: only the model's own
+                # failures are retried, never the log's or the database's.
+                number = attempt + tried.retry_state.attempt_number - 1
+                self._request(state, step, model.model_id, number)
                 with tried:
-                    number = attempt + tried.retry_state.attempt_number - 1
-                    self._request(state, step, model.model_id, number)
                     completion = self._complete(model, step)
         except Unavailable as e:
             raise RunError(

@@ -268,10 +268,10 @@ class Worker:
         )
 
     def _commit(self) -> None:
-        """Commit what was applied. A commit the group refuses (it moved on in a
-        rebalance) or that cannot reach the broker is not an error: the partition's
-        next owner reads those commands again, and applying a command twice is a
-        no-op (command ids)."""
+        """Commit what was applied. A commit the group refuses because it moved on
+        (a rebalance) is not an error: the partition's next owner reads those
+        commands again, and applying a command twice is a no-op (command ids). A
+        broker out of reach raises (crash-only)."""
         offsets = self.tracker.to_commit()
         if offsets and self.source.commit_offsets(offsets):
             self.tracker.committed(offsets)

@@ -675,10 +675,10 @@ class KafkaSource(Generic[T]):
     def commit_offsets(self, offsets: Mapping[int, int]) -> bool:
         """Commit next offsets per partition (the caller tracks what was applied).
 
-        False when the commit did not happen: the group is rebalancing or moved on
-        (the partition's next owner reads those messages again), or the coordinator
-        is out of reach. Never an error: committing later, or never, only means
-        messages are read again, and applying a command twice is a no-op.
+        False when the group moved on (a rebalance: the partition's next owner reads
+        those messages again, and applying a command twice is a no-op): that is
+        routine. Any other failure (the coordinator or the broker out of reach)
+        raises ``Unavailable``: crash-only, the process restarts with new clients.
         """
         try:
             self._consumer.commit(
@@ -687,9 +687,10 @@ class KafkaSource(Generic[T]):
             )
         except KafkaException as e:
             err: KafkaError = e.args[0]
-            level = logging.INFO if err.code() in _REBALANCING else logging.WARNING
-            log.log(level, "%s: offsets not committed (%s)", self.topic, err)
-            return False
+            if err.code() in _REBALANCING:
+                log.info("%s: offsets not committed (%s)", self.topic, err)
+                return False
+            raise Unavailable(f"{self.topic}: commit failed: {err}") from e
         return True
 
     def commit(self) -> None:
