@@ -509,7 +509,9 @@ class Worker:
                 unreadable = e
             except RunError as e:
                 failure = (e.kind, str(e))
-            except Exception as e:
+            except Exception as e:  # one run's bug is that run's alone
+                if _infrastructure(e):  # a driver's error no adapter translated
+                    raise Unavailable(f"run {actor.run_id}: {e!r}") from e
                 log.exception("run %s: unexpected error", actor.run_id)
                 kind = "reducer_error" if loop is None else "worker_error"
                 failure = (kind, f"{type(e).__name__}: {e}")
@@ -573,6 +575,8 @@ class Worker:
         except (Unavailable, AppendError):
             raise
         except Exception as e:
+            if _infrastructure(e):
+                raise Unavailable(f"run {actor.run_id}: {e!r}") from e
             log.exception("run %s: cannot record its failure", actor.run_id)
             self._quarantine(actor, f"run {actor.run_id} cannot be failed: {e}")
             if loop is not None:
@@ -587,7 +591,7 @@ class Worker:
             if self._actors.get(actor.run_id) is actor:
                 del self._actors[actor.run_id]
 
-    def _end_run(
+    def _end_run(  # noqa: PLR0912 - one branch per way a failure is kept
         self, actor: RunActor, failed: RunLoop | None, kind: str, reason: str
     ) -> None:
         """Record ``run_failed`` (kind, reason) for a run that cannot go on.
@@ -603,6 +607,8 @@ class Worker:
         except (FencedError, Unavailable, AppendError):
             raise
         except Exception as e:
+            if _infrastructure(e):
+                raise Unavailable(f"run {actor.run_id}: {e!r}") from e
             self._quarantine(actor, f"run {actor.run_id} cannot be loaded: {e}")
             if failed is not None:
                 self._refuse_applied(failed, actor, f"run failed ({kind}): {reason}")
@@ -666,3 +672,15 @@ class Worker:
         if not isinstance(command, FireTimer):
             self.book.decided([Decided(command, "refused", reason)])
         self._skip(partition, offset)
+
+
+# Errors of these libraries mean the log, the database or the object store is out of
+# reach (an adapter should have said Unavailable): crash-only, never a run's failure.
+_DRIVERS = frozenset(
+    {"confluent_kafka", "cimpl", "psycopg", "psycopg_pool", "botocore"}
+)
+
+
+def _infrastructure(error: BaseException) -> bool:
+    module = type(error).__module__.split(".")[0]
+    return module in _DRIVERS or isinstance(error, OSError)

@@ -228,7 +228,10 @@ def _watermarks(consumer: Consumer, tp: TopicPartition) -> tuple[int, int]:
             if e.args[0].code() in _NOT_YET_KNOWN:
                 # Ask for the topic's metadata: a consumer does not learn about
                 # topics it neither subscribes to nor is assigned by itself.
-                consumer.list_topics(tp.topic, timeout=5)
+                try:
+                    consumer.list_topics(tp.topic, timeout=5)
+                except KafkaException as meta_error:
+                    raise Unavailable(f"{tp.topic}: no metadata: {meta_error}") from e
                 raise _NotYetKnown(str(e)) from e
             raise Unavailable(f"{tp.topic}[{tp.partition}]: no watermarks: {e}") from e
         return int(low), int(high)
