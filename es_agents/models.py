@@ -5,6 +5,7 @@ OpenAI-compatible server) and ``es_agents.adapters.anthropic_model.AnthropicMode
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from es_agents.core.step import (
     canonical_json,
     request_hash,
 )
+from es_agents.errors import ModelError, Unavailable
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,22 @@ class ModelClient(Protocol):
         params: dict[str, JsonValue],
         tools: Sequence[ToolSpec] = (),
     ) -> Completion: ...
+
+
+def status_error(
+    model_id: str, status: int, body: object, response: object
+) -> Exception:
+    """What an SDK's HTTP error means to the runtime: ``Unavailable`` (408, 409, 429,
+    5xx: retry, after ``Retry-After`` when given) or ``ModelError`` (do not)."""
+    message = json.dumps(body, default=str)[:500]
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and "message" in error:
+            message = str(error["message"])[:500]
+    detail = f"model {model_id}: HTTP {status}: {message}"
+    if status in (408, 409, 429) or status >= 500:
+        return Unavailable(detail, retry_after_seconds(response))
+    return ModelError(detail)
 
 
 def retry_after_seconds(response: object) -> float | None:

@@ -17,8 +17,8 @@ from pydantic import JsonValue
 
 from es_agents.core.events import ToolCall, Usage
 from es_agents.core.step import Message, ToolSpec, canonical_json
-from es_agents.errors import ModelError, RetryableToolError, Unavailable
-from es_agents.models import Completion, retry_after_seconds
+from es_agents.errors import RetryableToolError, Unavailable
+from es_agents.models import Completion, status_error
 
 if TYPE_CHECKING:
     from anthropic import Anthropic
@@ -163,11 +163,7 @@ class AnthropicModel:
         try:
             response: AnthropicMessage = self._client.messages.create(**request)
         except anthropic.APIStatusError as e:
-            status = e.status_code
-            detail = f"model {self.model_id}: HTTP {status}: {_message(e.body)}"
-            if status in (408, 409, 429, 529) or status >= 500:
-                raise Unavailable(detail, retry_after_seconds(e.response)) from e
-            raise ModelError(detail) from e
+            raise status_error(self.model_id, e.status_code, e.body, e.response) from e
         except anthropic.APIConnectionError as e:  # timeouts included
             raise Unavailable(f"model {self.model_id}: {e}") from e
         except (anthropic.APIResponseValidationError, ValueError) as e:  # bad JSON too
@@ -184,11 +180,3 @@ def _object(args_json: str) -> dict[str, object]:
     except ValueError:
         return {"_unparsable": args_json}
     return value if isinstance(value, dict) else {"_value": value}
-
-
-def _message(body: object) -> str:
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict) and "message" in error:
-            return str(error["message"])[:500]
-    return json.dumps(body, default=str)[:500]

@@ -10,7 +10,6 @@ runtime's one retry policy decides, and records each attempt. Streaming is off.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, final
 
@@ -18,8 +17,8 @@ from pydantic import JsonValue
 
 from es_agents.core.events import ToolCall, Usage
 from es_agents.core.step import Message, ToolSpec
-from es_agents.errors import ModelError, RetryableToolError, Unavailable
-from es_agents.models import Completion, retry_after_seconds
+from es_agents.errors import RetryableToolError, Unavailable
+from es_agents.models import Completion, status_error
 
 if TYPE_CHECKING:
     from openai import OpenAI
@@ -144,11 +143,7 @@ class OpenAIChatModel:
         try:
             response: ChatCompletion = self._client.chat.completions.create(**request)
         except openai.APIStatusError as e:
-            status = e.status_code
-            detail = f"model {self.model_id}: HTTP {status}: {_message(e.body)}"
-            if status in (408, 409, 429) or status >= 500:
-                raise Unavailable(detail, retry_after_seconds(e.response)) from e
-            raise ModelError(detail) from e
+            raise status_error(self.model_id, e.status_code, e.body, e.response) from e
         except openai.APIConnectionError as e:  # timeouts included
             raise Unavailable(f"model {self.model_id}: {e}") from e
         except (openai.APIResponseValidationError, ValueError) as e:  # bad JSON too
@@ -157,11 +152,3 @@ class OpenAIChatModel:
             return from_openai(response, self.model_id)
         except (AttributeError, TypeError, KeyError, IndexError, ValueError) as e:
             raise RetryableToolError(f"unparsable model response: {e!r}") from e
-
-
-def _message(body: object) -> str:
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict) and "message" in error:
-            return str(error["message"])[:500]
-    return json.dumps(body, default=str)[:500]

@@ -10,12 +10,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from es_agents.adapters.kafka import KafkaEventLog, ensure_topics
+from es_agents.adapters.kafka import ensure_topics
 from es_agents.client import Client
 from es_agents.core import replay
-from es_agents.core.events import Event, RunFailed, RunStarted
+from es_agents.core.events import RunFailed, RunStarted
 from es_agents.demo import run_worker
 from es_agents.settings import KafkaSettings, Settings
+from tests.integration.test_runtime import _events
 from tests.model_server import model_server
 
 pytestmark = pytest.mark.integration
@@ -33,14 +34,6 @@ POISONS = {
 def model_url() -> Iterator[str]:
     with model_server() as url:
         yield url
-
-
-def _events(settings: KafkaSettings, run_id: str) -> list[Event]:
-    log = KafkaEventLog(settings)
-    try:
-        return log.read_run(run_id)
-    finally:
-        log.close()
 
 
 def test_poisoned_runs_end_alone_and_the_worker_serves_the_rest(
