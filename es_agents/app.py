@@ -1,11 +1,29 @@
-"""Where adapters are chosen from settings (the composition root, growing)."""
+"""The composition root: the one module that chooses and builds adapters.
+
+``ES_AGENTS_STORE`` picks the log -- ``kafka`` (the default), ``postgres`` (the log in
+Postgres tables, no broker) or ``memory`` (one process, for tests) -- and everything
+else follows from settings: the model, the payload claim check, the probe. The
+runtime receives the result as ``Ports`` and never names an adapter.
+"""
 
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING, Any
+
 from es_agents.errors import ConfigError
 from es_agents.models import ModelClient
-from es_agents.payloads import ClaimCheck
+from es_agents.ports import NoProbe, Ports, Probe
 from es_agents.settings import ModelSettings, Settings
+
+if TYPE_CHECKING:
+    from es_agents.agent import Agent
+    from es_agents.client import Client
+    from es_agents.payloads import ClaimCheck
+    from es_agents.worker import Worker
+    from projectors.runs import Projector
+
+# ruff: noqa: PLC0415 - adapters are imported only for the store that is chosen
 
 
 def build_model(settings: ModelSettings | None = None) -> ModelClient:
@@ -13,11 +31,11 @@ def build_model(settings: ModelSettings | None = None) -> ModelClient:
     s = settings if settings is not None else ModelSettings()
     key = s.api_key.get_secret_value() if s.api_key is not None else None
     if s.provider == "openai":
-        from es_agents.adapters.openai_model import OpenAIChatModel  # noqa: PLC0415
+        from es_agents.adapters.openai_model import OpenAIChatModel
 
         return OpenAIChatModel(s.base_url, s.name, api_key=key, timeout=s.timeout)
     if s.provider == "anthropic":
-        from es_agents.adapters.anthropic_model import AnthropicModel  # noqa: PLC0415
+        from es_agents.adapters.anthropic_model import AnthropicModel
 
         return AnthropicModel(
             s.name,
@@ -31,9 +49,13 @@ def build_model(settings: ModelSettings | None = None) -> ModelClient:
 
 def build_claim_check(settings: Settings) -> ClaimCheck | None:
     """The payload claim check ``ES_AGENTS_PAYLOADS`` asks for (S3 by default)."""
+    from es_agents.payloads import ClaimCheck
+
     if settings.payloads == "off":
         return None
-    from es_agents.adapters.s3 import S3BlobStore  # noqa: PLC0415
+    if settings.store == "memory":
+        return ClaimCheck(_memory(settings)["blobs"], settings.payload_threshold)
+    from es_agents.adapters.s3 import S3BlobStore
 
     store = S3BlobStore(
         settings.s3_endpoint,
@@ -42,3 +64,273 @@ def build_claim_check(settings: Settings) -> ClaimCheck | None:
         settings.s3_secret_key.get_secret_value(),
     )
     return ClaimCheck(store, settings.payload_threshold)
+
+
+def build_probe(settings: Settings) -> Probe:
+    """Crash points (``ES_AGENTS_CRASH_AT``) and the acknowledgement journal, for the
+    crash tests and the chaos run; a no-op otherwise."""
+    crash = os.environ.get("ES_AGENTS_CRASH_AT")
+    if not crash and settings.ack_journal is None:
+        return NoProbe()
+    from es_agents.lab.crash import CrashPoints
+    from es_agents.lab.probes import LabProbe
+
+    return LabProbe(CrashPoints(crash), settings.ack_journal)
+
+
+def build_ports(
+    settings: Settings, *, pool_size: int = 8, migrate: bool = True
+) -> Ports:
+    """Every port the runtime needs, on the store the settings name. ``migrate``:
+    bring the database's tables up to date now (workers, projectors); a client
+    does it before its first write, and reads never do."""
+    claims = build_claim_check(settings)
+    restore = claims.restore if claims is not None else None
+    if settings.store == "memory":
+        ports = _memory_ports(settings, restore)
+    elif settings.store == "postgres":
+        ports = _postgres_ports(settings, restore, pool_size)
+    else:
+        ports = _kafka_ports(settings, restore, pool_size)
+    if migrate:
+        ports.migrate()
+    ports.claims = claims
+    ports.probe = build_probe(settings)
+    return ports
+
+
+def _database(settings: Settings, pool_size: int) -> Any:
+    from es_agents.adapters.postgres import Database
+
+    return Database(settings.database_url.get_secret_value(), max_size=pool_size)
+
+
+def _postgres_read_side(settings: Settings, db: Any, decode: Any) -> dict[str, Any]:
+    from es_agents.adapters.postgres import PostgresEffectLedger, PostgresTimers
+    from es_agents.adapters.postgres_commands import PostgresCommandBook
+    from es_agents.adapters.postgres_projections import PostgresProjections
+
+    kafka = settings.kafka
+    return {
+        "projections": PostgresProjections(
+            db, decode, settings.projector_group_id, kafka.events_topic
+        ),
+        "ledger": PostgresEffectLedger(db),
+        "timers": PostgresTimers(db),
+        "book": PostgresCommandBook(db, kafka.topic_prefix),
+    }
+
+
+def _kafka_ports(settings: Settings, restore: Any, pool_size: int) -> Ports:
+    from es_agents.adapters.fencing import PartitionWriter
+    from es_agents.adapters.kafka import KafkaEventLog
+    from es_agents.adapters.kafka_admin import ensure_topics
+    from es_agents.adapters.kafka_source import KafkaSource
+    from es_agents.dead_letters import DeadLetterQueue
+    from es_agents.ownership import LogWriter
+
+    kafka = settings.kafka
+    db = _database(settings, pool_size)
+    log = KafkaEventLog(kafka, restore=restore)
+    dlq = DeadLetterQueue(log, kafka.dlq_topic)
+
+    def subscribe(topic: str, group: str, decode: Any, **kw: Any) -> Any:
+        return KafkaSource(kafka, topic, group, decode, dlq, **kw)
+
+    def writer(group: str, partition: int, epoch: int) -> Any:
+        if settings.fencing == "none":
+            return LogWriter(log)
+        return PartitionWriter(kafka, log.codec, group, partition)
+
+    def topics() -> dict[str, int]:
+        return ensure_topics(kafka)
+
+    return Ports(
+        store="kafka",
+        log=log,
+        subscribe=subscribe,
+        writer=writer,
+        ensure_topics=topics,
+        migrate=db.migrate,
+        closers=[db.close],
+        **_postgres_read_side(settings, db, log.decode_event),
+    )
+
+
+def _postgres_ports(settings: Settings, restore: Any, pool_size: int) -> Ports:
+    from es_agents.adapters.postgres_log import (
+        PostgresEventLog,
+        PostgresPartitionWriter,
+        ensure_topics,
+    )
+    from es_agents.adapters.postgres_source import PostgresSource
+    from es_agents.dead_letters import DeadLetterQueue
+    from es_agents.ownership import LogWriter
+
+    kafka = settings.kafka
+    db = _database(settings, pool_size)
+    log = PostgresEventLog(db, kafka, restore=restore)
+    dlq = DeadLetterQueue(log, kafka.dlq_topic)
+    session = kafka.session_timeout_ms / 1000
+
+    def subscribe(topic: str, group: str, decode: Any, **kw: Any) -> Any:
+        return PostgresSource(
+            db, topic, group, decode, dlq, session_timeout=session, **kw
+        )
+
+    def writer(group: str, partition: int, epoch: int) -> Any:
+        if settings.fencing == "none":
+            return LogWriter(log)
+        return PostgresPartitionWriter(log, group, partition, epoch)
+
+    def topics() -> dict[str, int]:
+        return ensure_topics(db, kafka)
+
+    return Ports(
+        store="postgres",
+        log=log,
+        subscribe=subscribe,
+        writer=writer,
+        ensure_topics=topics,
+        migrate=db.migrate,
+        closers=[db.close],
+        **_postgres_read_side(settings, db, log.decode_event),
+    )
+
+
+_MEMORY: dict[str, dict[str, Any]] = {}
+
+
+def _memory(settings: Settings) -> dict[str, Any]:
+    """One memory store per topic prefix, shared by everything in this process."""
+    from es_agents.adapters.memory import (
+        InMemoryBlobStore,
+        MemoryCommandBook,
+        MemoryEffectLedger,
+        MemoryTimers,
+    )
+    from es_agents.adapters.memory_log import MemoryBroker
+
+    prefix = settings.kafka.topic_prefix
+    if prefix not in _MEMORY:
+        _MEMORY[prefix] = {
+            "broker": MemoryBroker(settings.kafka.partitions),
+            "ledger": MemoryEffectLedger(),
+            "timers": MemoryTimers(),
+            "book": MemoryCommandBook(),
+            "blobs": InMemoryBlobStore(),
+        }
+    return _MEMORY[prefix]
+
+
+def _memory_ports(settings: Settings, restore: Any) -> Ports:
+    from es_agents.adapters.memory import MemoryProjections
+    from es_agents.adapters.memory_log import (
+        MemoryEventLog,
+        MemoryPartitionWriter,
+        MemorySource,
+    )
+    from es_agents.dead_letters import DeadLetterQueue
+    from es_agents.ownership import LogWriter
+
+    kafka = settings.kafka
+    shared = _memory(settings)
+    broker = shared["broker"]
+    log = MemoryEventLog(
+        broker, kafka.events_topic, kafka.commands_topic, restore=restore
+    )
+    dlq = DeadLetterQueue(log, kafka.dlq_topic)
+
+    def subscribe(topic: str, group: str, decode: Any, **kw: Any) -> Any:
+        return MemorySource(broker, topic, group, decode, dlq, **kw)
+
+    def writer(group: str, partition: int, epoch: int) -> Any:
+        if settings.fencing == "none":
+            return LogWriter(log)
+        return MemoryPartitionWriter(log, group, partition, epoch)
+
+    def ensure_topics() -> dict[str, int]:
+        names = (kafka.commands_topic, kafka.events_topic, kafka.dlq_topic)
+        for topic in names:
+            broker.create(topic)
+        return {t: broker.partition_count(t) for t in names}
+
+    ensure_topics()
+    return Ports(
+        store="memory",
+        log=log,
+        subscribe=subscribe,
+        writer=writer,
+        ensure_topics=ensure_topics,
+        projections=MemoryProjections(broker.next_epoch),
+        ledger=shared["ledger"],
+        timers=shared["timers"],
+        book=shared["book"],
+    )
+
+
+def build_worker(settings: Settings, agent: Agent, **options: Any) -> Worker:
+    """A worker for ``agent`` on the configured store (topics created if missing)."""
+    from es_agents.worker import Worker
+
+    ports = build_ports(settings)
+    ports.ensure_topics()
+    return Worker(settings, agent, ports, **options)
+
+
+def build_projector(settings: Settings, **options: Any) -> Projector:
+    """The projector of the configured store's events topic into Postgres."""
+    from es_agents.adapters.postgres import Database
+    from projectors.runs import Projector
+
+    if settings.store == "memory":
+        raise ConfigError("the memory store has no projector (it projects nothing)")
+    ports = build_ports(settings, pool_size=4)
+    ports.ensure_topics()
+    db = Database(settings.database_url.get_secret_value())
+    return Projector(
+        settings,
+        db,
+        ports.log,
+        ports.subscribe,
+        probe=ports.probe,
+        closers=[ports.close],
+        **options,
+    )
+
+
+def build_client(settings: Settings | None = None) -> Client:
+    from es_agents.client import Client
+
+    return Client(settings)
+
+
+def build_client_ports(settings: Settings) -> Ports:
+    """A client's ports: a small pool, no probe, no migrations."""
+    ports = build_ports(settings, pool_size=2, migrate=False)
+    ports.probe = NoProbe()
+    return ports
+
+
+def ensure_topics(settings: Settings, fix_retention: bool = False) -> dict[str, int]:
+    """Create and check the topics (and, on the Postgres store, the tables)."""
+    if settings.store == "kafka":
+        from es_agents.adapters.kafka_admin import ensure_topics as kafka_topics
+
+        return kafka_topics(settings.kafka, fix_retention=fix_retention)
+    ports = build_ports(settings, pool_size=1)
+    try:
+        return ports.ensure_topics()
+    finally:
+        ports.close()
+
+
+def migrate(settings: Settings, dry_run: bool = False) -> list[Any]:
+    """Apply the SQL migrations not applied yet (or list them: ``dry_run``)."""
+    from es_agents.adapters.postgres import Database
+
+    db = Database(settings.database_url.get_secret_value(), max_size=1)
+    try:
+        return db.migrate(dry_run=dry_run)
+    finally:
+        db.close()

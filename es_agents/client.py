@@ -16,10 +16,6 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Literal
 
-from es_agents.adapters.kafka import KafkaEventLog, ensure_topics
-from es_agents.adapters.postgres import Database
-from es_agents.adapters.postgres_commands import PostgresCommandBook, Verdict
-from es_agents.app import build_claim_check
 from es_agents.core.commands import (
     Approve,
     Cancel,
@@ -32,7 +28,7 @@ from es_agents.core.fold import fold
 from es_agents.core.state import RunState
 from es_agents.core.step import Refused, decide, start
 from es_agents.errors import EsAgentsError, PayloadUnavailable
-from es_agents.ports import Position
+from es_agents.ports import Ports, Position, Verdict
 from es_agents.resume import RunLoader
 from es_agents.settings import Settings, load_settings
 
@@ -75,21 +71,24 @@ class RunView:
 class Client:
     """One per application: a producer, a reader and a small Postgres pool."""
 
-    def __init__(self, settings: Settings | None = None) -> None:
+    def __init__(
+        self, settings: Settings | None = None, *, ports: Ports | None = None
+    ) -> None:
         self.settings = settings if settings is not None else load_settings()
-        claims = build_claim_check(self.settings)
-        self._log = KafkaEventLog(
-            self.settings.kafka, restore=claims.restore if claims else None
+        if ports is None:
+            from es_agents.app import build_client_ports  # noqa: PLC0415
+
+            ports = build_client_ports(self.settings)
+        self._ports = ports
+        self._log = ports.log
+        self._book = ports.book
+        self._loader = RunLoader(
+            ports.projections, ports.log, self.settings.kafka.events_topic
         )
-        self._db = Database(self.settings.database_url.get_secret_value(), max_size=2)
-        self._db.migrate()
-        self._book = PostgresCommandBook(self._db, self.settings.kafka.topic_prefix)
-        self._loader = RunLoader(self._db, self._log, self.settings.projector_group_id)
         self._topics_checked = False
 
     def close(self) -> None:
-        self._log.close()
-        self._db.close()
+        self._ports.close()
 
     def __enter__(self) -> Client:
         return self
@@ -233,7 +232,8 @@ class Client:
 
     def _check_topics(self) -> None:
         if not self._topics_checked:
-            ensure_topics(self.settings.kafka)
+            self._ports.migrate()
+            self._ports.ensure_topics()
             self._topics_checked = True
 
     # -- reads -----------------------------------------------------------------------
@@ -275,11 +275,11 @@ class Client:
             )
         raise NotFound(f"unknown run {run_id}")
 
+    def runs(
+        self, status: str | None = None, limit: int = 1000
+    ) -> list[dict[str, object]]:
+        """Runs from the ``runs`` table (as of the projector), latest first."""
+        return self._ports.projections.runs(status, limit)
+
     def _dead_letters(self, run_id: str) -> list[tuple[str, int, int, str]]:
-        with self._db.transaction() as conn:
-            rows = conn.execute(
-                'SELECT topic, partition, "offset", reason FROM dead_letters '
-                'WHERE run_id = %s ORDER BY topic, partition, "offset"',
-                (run_id,),
-            ).fetchall()
-        return [(str(t), int(p), int(o), str(r)) for t, p, o, r in rows]
+        return self._ports.projections.dead_letters(run_id)

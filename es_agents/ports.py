@@ -1,42 +1,347 @@
-"""The roles the runtime needs from the outside world, as small Protocols."""
+"""The roles the runtime needs from the outside world, as small Protocols.
+
+The runtime (worker, run loop, effects, loader, client checks) is typed to these and
+imports no adapter; ``es_agents.app`` (the composition root) builds the adapters of
+the chosen store -- Kafka, Postgres, or memory for tests -- and hands them in.
+Every adapter passes the contract suite of its port (``tests/contract``).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar
 
-from es_agents.core.commands import Command
+from es_agents.core.commands import Command, StartRun
 from es_agents.core.events import Event
+from es_agents.core.state import RunState
+
+if TYPE_CHECKING:
+    from es_agents.payloads import ClaimCheck
+
+T = TypeVar("T")
+M = TypeVar("M")
 
 
 @dataclass(frozen=True, slots=True)
 class Position:
-    """Where a record landed: the broker's acknowledgement."""
+    """Where a record landed: the log's acknowledgement."""
 
     topic: str
     partition: int
     offset: int
 
 
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record of a topic as read back: key, bytes and where it sits."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Received(Generic[M]):
+    """A decoded message and where it was read."""
+
+    message: M
+    topic: str
+    partition: int
+    offset: int
+    key: str | None = None
+
+
 class EventLog(Protocol):
-    """The append-only log of every run's events."""
+    """The append-only log: runs' events, commands, dead letters (topics of records
+    keyed by run id; a run's records share one partition number)."""
+
+    @property
+    def restore(self) -> Callable[[Event], Event]:
+        """Reads claim-checked payloads back into an event (identity without)."""
+        ...
+
+    def encode(self, message: Event | Command) -> bytes: ...
+
+    def decode_event(self, data: bytes) -> Event: ...
+
+    def decode_command(self, data: bytes) -> Command: ...
 
     def append(self, events: Sequence[Event]) -> list[Position]:
         """Return only after every event is durable, in order; raise otherwise."""
         ...
 
-    def read_run(self, run_id: str, from_offset: int = 0) -> list[Event]:
-        """The run's events in order, from a partition offset to the current end."""
+    def send(self, command: Command) -> Position:
+        """Append a command to the commands topic; durable when it returns."""
+        ...
+
+    def produce(
+        self,
+        topic: str,
+        key: str,
+        value: bytes,
+        headers: Sequence[tuple[str, bytes]] = (),
+    ) -> Position:
+        """Append raw bytes (dead letters); durable when it returns."""
         ...
 
     def partition_for(self, run_id: str) -> int: ...
 
+    def read_run(
+        self,
+        run_id: str,
+        from_offset: int = 0,
+        at_least: int = 0,
+        restore: bool = True,
+    ) -> list[Event]:
+        """The run's events in order, from a partition offset to the current end
+        (and at least to ``at_least``: an offset this process knows committed)."""
+        ...
 
-class CommandBus(Protocol):
-    """Where people and scripts send commands to runs."""
+    def read_partition(
+        self, topic: str, partition: int, start: int = 0, at_least: int = 0
+    ) -> Iterator[Record]:
+        """Records of one partition from ``start`` to its current end."""
+        ...
 
-    def send(self, command: Command) -> Position: ...
+    def end_offset(self, topic: str, partition: int) -> int: ...
+
+    def close(self) -> None: ...
+
+
+class PartitionWriter(Protocol):
+    """The fenced way to append one partition's events: once another worker owns
+    the partition, ``append`` raises ``FencedError`` and nothing of it is read."""
+
+    @property
+    def committed_end(self) -> int:
+        """The offset after this writer's last append (read your writes)."""
+        ...
+
+    def append(self, events: Sequence[Event]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class Subscription(Protocol[T]):
+    """A consumer-group member on one topic: the partitions it owns, decoded
+    messages from them, and offsets committed only when the caller says so.
+    Undecodable messages are dead-lettered and reported by ``drain_skipped``."""
+
+    def poll(
+        self, timeout: float = 1.0, max_messages: int = 500
+    ) -> list[Received[T]]: ...
+
+    def drain_skipped(self) -> list[tuple[int, int]]: ...
+
+    def caught_up(self) -> bool:
+        """Every owned partition was read to its end."""
+        ...
+
+    def commit_offsets(self, offsets: Mapping[int, int]) -> bool:
+        """False when the group moved on (a rebalance); raise when unreachable."""
+        ...
+
+    def close(self) -> None: ...
+
+
+# Called with the partitions gained; may return start offsets to read them from.
+OnAssign = Callable[[list[int]], Mapping[int, int] | None]
+OnRevoke = Callable[[list[int]], None]
+
+
+class Subscribe(Protocol):
+    """Join ``group`` on ``topic``: the store's consumer-group membership."""
+
+    def __call__(
+        self,
+        topic: str,
+        group: str,
+        decode: Callable[[bytes], T],
+        *,
+        on_assign: OnAssign | None = None,
+        on_revoke: OnRevoke | None = None,
+        instance_id: str | None = None,
+    ) -> Subscription[T]: ...
+
+
+EffectStatus = Literal["new", "started", "done"]
+
+
+@dataclass(frozen=True)
+class EffectRecord:
+    status: EffectStatus
+    result_json: str | None = None
+    error: str | None = None
+
+
+class EffectLedger(Protocol):
+    """The dedupe table: at most one call per idempotency key."""
+
+    def begin(self, key: str, run_id: str, step: int, tool: str) -> EffectRecord:
+        """Claim ``key`` before calling; ``new`` means: call now, then ``finish``."""
+        ...
+
+    def finish(self, key: str, result_json: str | None, error: str | None) -> None: ...
+
+    def release(self, key: str) -> None:
+        """Drop a claim whose call provably did not happen."""
+        ...
+
+    def get(self, key: str) -> EffectRecord | None: ...
+
+
+class Timers(Protocol):
+    """Durable timers, due by the store's clock."""
+
+    def schedule(self, timer_id: str, run_id: str, due_at: datetime) -> None: ...
+
+    def fire_due(
+        self, fire: Callable[[str, str, datetime], None], limit: int = 100
+    ) -> int:
+        """``fire(timer_id, run_id, due_at)`` for due timers (durably), then mark."""
+        ...
+
+    def get(self, timer_id: str) -> tuple[datetime, datetime | None] | None: ...
+
+
+VerdictStatus = Literal["sent", "applied", "refused"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    command_id: str
+    run_id: str
+    type: str
+    status: VerdictStatus
+    reason: str | None
+    agent: str | None = None
+    sent_at: datetime | None = None
+    decided_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ServedAgent:
+    agent: str
+    agent_version: str
+    gates: list[str] | None  # None: the agent does not declare its gates
+    tools: list[str]
+    group_id: str
+    seen_at: datetime
+    age_seconds: float
+    stopped: bool  # every worker of the agent said it stopped
+
+    def live(self, within_seconds: float) -> bool:
+        return not self.stopped and self.age_seconds <= within_seconds
+
+
+@dataclass(frozen=True)
+class Decided:
+    """One verdict a worker reached: ``reason`` is None when applied."""
+
+    command: Command
+    status: Literal["applied", "refused"]
+    reason: str | None = None
+
+
+class CommandBook(Protocol):
+    """What became of each command, and which agents are served."""
+
+    def decided(self, verdicts: Sequence[Decided]) -> None: ...
+
+    def serve(  # noqa: PLR0917 - one row's columns
+        self,
+        worker_id: str,
+        agent: str,
+        agent_version: str,
+        gates: Sequence[str] | None,
+        tools: Sequence[str],
+        group_id: str,
+    ) -> None: ...
+
+    def retire(self, worker_id: str, agent: str) -> None: ...
+
+    def reserve_start(self, command: StartRun, run_exists: bool) -> str | None:
+        """Record a start as sent; the reason when its run id is taken."""
+        ...
+
+    def sent(self, command: Command) -> None: ...
+
+    def verdict(self, command_id: str) -> Verdict | None: ...
+
+    def for_run(self, run_id: str) -> list[Verdict]: ...
+
+    def agent(self, name: str) -> ServedAgent | None: ...
+
+
+@dataclass(frozen=True)
+class Projected:
+    """A run as far as the projection has it: the latest snapshot of this reducer
+    version plus the projected events after it, and the projector's offset for the
+    run's partition, all read together."""
+
+    state: RunState | None
+    snapshot_seq: int | None
+    events: int
+    projected_until: int
+
+
+class Projections(Protocol):
+    """The read side the runtime resumes from (O(K)): snapshots, projected events,
+    the projector's offsets, the ``runs`` table."""
+
+    def projected_until(self, partition: int) -> int:
+        """The projector's next offset on the events partition (0: nothing)."""
+        ...
+
+    def load(
+        self, run_id: str, partition: int, restore: Callable[[Event], Event] | None
+    ) -> Projected: ...
+
+    def running(self, partition: int, agent: str) -> set[str]:
+        """Runs of ``agent`` on the partition the projection says are running."""
+        ...
+
+    def next_epoch(self, group: str, partition: int) -> int:
+        """Take the partition's next epoch: the fencing token of its new owner."""
+        ...
+
+    def dead_letters(self, run_id: str) -> list[tuple[str, int, int, str]]: ...
+
+    def runs(self, status: str | None, limit: int) -> list[dict[str, object]]:
+        """Rows of the ``runs`` table, latest first."""
+        ...
+
+
+class Probe(Protocol):
+    """Crash points and the acknowledgement journal (tests, chaos); no-op by default."""
+
+    def hit(self, point: str) -> None: ...
+
+    def acked(self, events: Sequence[Event]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NoProbe:
+    def hit(self, point: str) -> None:
+        pass
+
+    def acked(self, events: Sequence[Event]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class Clock(Protocol):
+    def monotonic(self) -> float: ...
+
+    def sleep(self, seconds: float) -> None: ...
 
 
 class BlobStore(Protocol):
@@ -49,3 +354,32 @@ class BlobStore(Protocol):
     def get(self, key: str) -> bytes:
         """The bytes under ``key``; raise ``PayloadUnavailable`` when missing."""
         ...
+
+
+# Builds the fenced writer of (group, partition) for the owner holding ``epoch``.
+WriterFactory = Callable[[str, int, int], PartitionWriter]
+
+
+@dataclass
+class Ports:
+    """One store's adapters, built by the composition root (``es_agents.app``)."""
+
+    store: str  # kafka | postgres | memory
+    log: EventLog
+    subscribe: Subscribe
+    writer: WriterFactory
+    projections: Projections
+    ledger: EffectLedger
+    timers: Timers
+    book: CommandBook
+    ensure_topics: Callable[[], dict[str, int]]  # partitions per topic
+    migrate: Callable[[], object] = lambda: None
+    claims: ClaimCheck | None = None
+    probe: Probe = field(default_factory=NoProbe)
+    closers: list[Callable[[], None]] = field(default_factory=list)
+
+    def close(self) -> None:
+        self.log.close()
+        self.probe.close()
+        for close in self.closers:
+            close()

@@ -5,36 +5,36 @@ appended and acknowledged before its action starts; its outcome goes out with th
 next step's intention (one acknowledgement per step) and always before anything that
 follows from it acts. Whatever one run does wrong -- its planner or model raising,
 an output too large for the log, a fold that fails -- is raised as ``RunError`` and
-ends that run alone (``Worker`` records it as ``run_failed`` with the kind).
+ends that run alone (the worker records it as ``run_failed`` with the kind).
+
+A loop sees the world through a ``RunContext``: the ports and the few facts of its
+partition it needs, never the worker itself. Tool steps are in ``effects``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
+import threading
 import time
-from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-from pydantic import JsonValue
-
-from es_agents.adapters.postgres_commands import Decided
+from es_agents import effects
 from es_agents.core.commands import Approve, Command, FireTimer, Reject, StartRun
 from es_agents.core.events import (
     Event,
     Interrupted,
-    Migrated,
     ModelCallRequested,
     ModelResponded,
-    Resumed,
     RunCompleted,
     RunFailed,
     StatePatched,
-    ToolCallRequested,
-    ToolReturned,
 )
 from es_agents.core.fold import fold
-from es_agents.core.state import PendingModelCall, PendingToolCall, RunState
+from es_agents.core.gate import gate_events
+from es_agents.core.state import PendingModelCall, PendingToolCall, RunState, Versions
 from es_agents.core.step import (
     CallModel,
     CallTool,
@@ -51,8 +51,8 @@ from es_agents.core.step import (
     start,
     timer_id,
 )
-from es_agents.core.versions import Migrate, Refuse, fingerprint, gate
-from es_agents.daemon_pool import DaemonPool
+from es_agents.core.versions import StateMigration, VersionPolicy, fingerprint
+from es_agents.dead_letters import DeadLetterQueue
 from es_agents.errors import (
     AppendError,
     ConfigError,
@@ -61,21 +61,26 @@ from es_agents.errors import (
     ModelError,
     RetryableToolError,
     RunError,
-    TerminalToolError,
     Unavailable,
 )
 from es_agents.models import Completion, ModelClient
-from es_agents.ports import Position
+from es_agents.payloads import ClaimCheck
+from es_agents.ports import (
+    CommandBook,
+    Decided,
+    EffectLedger,
+    EventLog,
+    PartitionWriter,
+    Position,
+    Probe,
+    Timers,
+)
+from es_agents.resume import RunLoader
 from es_agents.retry import retrying
-from es_agents.tools import Lookup, Tool, ToolContext
-
-if TYPE_CHECKING:
-    from es_agents.worker import RunActor, Worker
 
 log = logging.getLogger(__name__)
 
 MODEL_TRIES = 5
-TOOL_TRIES = 3
 STEP_TYPES = (CallModel, CallTool, PatchState, Interrupt, Finish, Fail)
 
 
@@ -83,30 +88,74 @@ class NotMine(Exception):
     """A command for a run of another agent: that agent's workers apply it."""
 
 
+class Owned(Protocol):
+    """What a loop needs to know of its partition's ownership."""
+
+    def epoch(self, partition: int) -> int:
+        """The owner's fencing token; raise ``FencedError`` when not owned."""
+        ...
+
+    def current_epoch(self, partition: int) -> int | None: ...
+
+    def writer(self, partition: int) -> PartitionWriter: ...
+
+    def committed_end(self, partition: int) -> int: ...
+
+
+@dataclass
+class RunContext:
+    """Everything a run's loop may touch: the ports, the running code's versions,
+    and callbacks into its partition's bookkeeping."""
+
+    agent: Any  # es_agents.agent.Agent (a Protocol of plan/tools/model/name)
+    running: Versions
+    policy: VersionPolicy
+    migrations: list[StateMigration]
+    gates: frozenset[str] | None
+    log: EventLog
+    loader: RunLoader
+    owned: Owned
+    book: CommandBook
+    ledger: EffectLedger
+    timers: Timers
+    dlq: DeadLetterQueue
+    claims: ClaimCheck | None
+    probe: Probe
+    commands_topic: str
+    max_event_bytes: int
+    done: Callable[[int, int], None]  # (partition, offset) applied
+    start_agent: Callable[[str], str | None]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    append_ms: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
+
+
+class Inbox(Protocol):
+    run_id: str
+    partition: int
+    inbox: deque[tuple[Command, int]]
+    stopping: bool
+
+
 class RunLoop:
     """One activation of one run: load, apply commands, take steps until it waits."""
 
-    def __init__(self, worker: Worker, actor: RunActor, restore: bool = True) -> None:
-        self.w = worker
+    def __init__(self, ctx: RunContext, actor: Inbox, restore: bool = True) -> None:
+        self.ctx = ctx
         self.actor = actor
-        self.agent = worker.agent
+        self.agent = ctx.agent
         self.buffer: list[Event] = []
-        self.epoch = worker.epoch(actor.partition)  # this activation's fencing token
+        self.epoch = ctx.owned.epoch(actor.partition)  # this activation's token
         # The partition's writer when this activation began: if the partition is
         # revoked (even if it comes back), this loop can append nothing more.
-        self.writer = (
-            worker.writer(actor.partition)
-            if worker.settings.fencing == "transactions"
-            else None
-        )
+        self.writer = ctx.owned.writer(actor.partition)
         # Offsets of applied commands, done once their events are durable, and
         # the verdicts their senders wait for (written then too).
         self.applied: list[int] = []
         self.verdicts: list[Decided] = []
         # Snapshot + at most K events (plus the projector's lag), not the whole log.
-        self.state: RunState | None = worker.loader.load(
+        self.state: RunState | None = ctx.loader.load(
             actor.run_id,
-            at_least=worker.committed_end(actor.partition),
+            at_least=ctx.owned.committed_end(actor.partition),
             restore=restore,
         ).state
 
@@ -126,38 +175,38 @@ class RunLoop:
     def flush(self) -> None:
         """Make everything buffered durable (one acknowledgement), then let the
         offsets of the commands that caused it be committed."""
+        ctx = self.ctx
         if self.buffer:
-            claims = self.w.claims
-            if claims is not None:  # large payloads to the object store first
-                self.buffer = [claims.claim(e) for e in self.buffer]
+            if ctx.claims is not None:  # large payloads to the object store first
+                self.buffer = [ctx.claims.claim(e) for e in self.buffer]
             self._check_sizes()
             batch, self.buffer = self.buffer, []
             for event in batch:
-                self.w.crash.hit(f"before_append:{event.wire_name}")
+                ctx.probe.hit(f"before_append:{event.wire_name}")
             started = time.perf_counter()
             try:
                 self._append(batch)
             except (AppendError, FencedError):
                 self.state = None  # not durable: forget what we folded
                 raise
-            self.w.append_ms.append((time.perf_counter() - started) * 1000)
-            self.w.journal.record(batch)
+            ctx.append_ms.append((time.perf_counter() - started) * 1000)
+            ctx.probe.acked(batch)
             for event in batch:
-                self.w.crash.hit(f"after_append:{event.wire_name}")
+                ctx.probe.hit(f"after_append:{event.wire_name}")
         verdicts, self.verdicts = self.verdicts, []
-        self.w.book.decided(verdicts)
+        ctx.book.decided(verdicts)
         applied, self.applied = self.applied, []
         for offset in applied:
-            self.w.tracker.done(self.actor.partition, offset)
+            ctx.done(self.actor.partition, offset)
 
     def _check_sizes(self) -> None:
         """An event the log would refuse ends the run, before anything of the batch
         is appended; the events before it stay buffered for the failure record."""
-        limit = self.w.settings.kafka.max_event_bytes
+        limit = self.ctx.max_event_bytes
         for i, event in enumerate(self.buffer):
             if _text_size(event) * 4 + 4096 < limit:
                 continue  # far below the limit even as 4-byte UTF-8: no encoding
-            size = len(self.w.log.codec.encode(event))
+            size = len(self.ctx.log.encode(event))
             if size > limit:
                 self.buffer = self.buffer[:i]
                 raise RunError(
@@ -167,7 +216,7 @@ class RunLoop:
                 )
 
     def _append(self, batch: list[Event]) -> None:
-        epoch = self.w.current_epoch(self.actor.partition)
+        epoch = self.ctx.owned.current_epoch(self.actor.partition)
         if epoch is None:
             raise FencedError(
                 f"partition {self.actor.partition} is not owned by this worker"
@@ -177,10 +226,7 @@ class RunLoop:
                 f"fenced: partition {self.actor.partition} was reassigned since "
                 f"run {self.actor.run_id} was loaded"
             )
-        if self.writer is not None:
-            self.writer.append(batch)
-        else:
-            self.w.log.append(batch)
+        self.writer.append(batch)
 
     # -- the loop ------------------------------------------------------------------
     def drive(self) -> None:
@@ -196,63 +242,20 @@ class RunLoop:
 
     def check_versions(self, state: RunState) -> None:
         """The version gate, on every activation of a running or blocked run."""
-        running = self.w.running
-        decision = gate(state.versions, running, self.w.policy, self.w.migrations)
-        blocked = state.status == "blocked"
-        if isinstance(decision, Refuse):
-            if not blocked:  # a blocked run stays as it is: nothing keeps retrying
-                self.add(
-                    Interrupted,
-                    reason="version_mismatch",
-                    detail_json=canonical_json(
-                        {
-                            "decision": "refuse",
-                            "reason": decision.reason,
-                            "started": fingerprint(state.versions),
-                            "running": fingerprint(running),
-                            "changed": {
-                                k: list(v) for k, v in decision.changed.items()
-                            },
-                        }
-                    ),
-                )
-                self.flush()
-            return
-        if not decision.changed and not blocked:
-            return  # the same code: resume verbatim, nothing to record
-        if blocked:
-            self.add(Resumed, reason="version_ok", by=running.agent_version)
-        patches = (
-            decision.migration.patch(state) if isinstance(decision, Migrate) else {}
-        )
-        self.add(
-            Migrated,
-            from_version=state.versions.agent_version,
-            to_version=running.agent_version,
-            changes_json=canonical_json(
-                {
-                    "decision": "migrate"
-                    if isinstance(decision, Migrate)
-                    else "verbatim",
-                    "migration": decision.migration.description
-                    if isinstance(decision, Migrate)
-                    else None,
-                    "changed": {k: list(v) for k, v in decision.changed.items()},
-                    "versions": fingerprint(running),
-                }
-            ),
-        )
-        for key, value in patches.items():
-            self.add(StatePatched, key=key, value_json=canonical_json(value))
+        ctx = self.ctx
+        decided = gate_events(state, ctx.running, ctx.policy, ctx.migrations)
+        for event_type, fields in decided.events:
+            self.add(event_type, **fields)
+        if decided.refused and decided.events:
+            self.flush()
 
     def apply_commands(self) -> None:
         """Apply every queued command. Their events become durable with the next
-        append — with the intention of the step they allow, when the run goes on,
-        so a resume costs one acknowledgement — and their offsets are committed
+        append -- with the intention of the step they allow, when the run goes on,
+        so a resume costs one acknowledgement -- and their offsets are committed
         after it."""
-        w = self.w
         while True:
-            with w._lock:
+            with self.ctx.lock:
                 item = self.actor.inbox.popleft() if self.actor.inbox else None
             if item is None:
                 break
@@ -269,19 +272,19 @@ class RunLoop:
             self.applied.append(offset)
 
     def refuse(self, command: Command, offset: int, reason: Exception) -> None:
-        """Refused: to ``es.dlq`` with the reason, and the verdict for its sender."""
-        w = self.w
+        """Refused: to the DLQ with the reason, and the verdict for its sender."""
+        ctx = self.ctx
         log.warning(
             "refused %s for run %s: %s", command.wire_name, command.run_id, reason
         )
-        w.dlq.send_command(
+        ctx.dlq.send_command(
             command.run_id,
-            w.log.codec.encode(command),
-            Position(w.settings.kafka.commands_topic, self.actor.partition, offset),
+            ctx.log.encode(command),
+            Position(ctx.commands_topic, self.actor.partition, offset),
             f"refused: {reason}",
         )
         if not isinstance(command, FireTimer):
-            w.book.decided([Decided(command, "refused", str(reason))])
+            ctx.book.decided([Decided(command, "refused", str(reason))])
 
     def apply(self, command: Command) -> None:
         """Apply one command to the run, or raise ``Refused`` / ``NotMine``."""
@@ -289,19 +292,19 @@ class RunLoop:
         if isinstance(command, StartRun) and self.state is None:
             if command.agent != mine:
                 raise NotMine
-            event = start(command, fingerprint(self.w.running))  # type: ignore[arg-type]
+            event = start(command, fingerprint(self.ctx.running))  # type: ignore[arg-type]
             self.state = fold(RunState(run_id=command.run_id), event)
             self.buffer.append(event)
             return
         if self.state is None:
             # A run this agent never started: another agent's run whose start is
             # not applied yet, or no run at all.
-            if self.w.start_agent(command.run_id) not in (None, mine):
+            if self.ctx.start_agent(command.run_id) not in (None, mine):
                 raise NotMine
             raise Refused(f"unknown run {command.run_id}")
         if self.state.agent != mine:
             raise NotMine
-        gates = self.w.gates
+        gates = self.ctx.gates
         if (
             isinstance(command, Approve | Reject)
             and command.gate is not None
@@ -323,7 +326,7 @@ class RunLoop:
         pending = state.pending
         if isinstance(pending, PendingToolCall):
             self.flush()  # reconciling may call the tool: what led here is durable
-            self.reconcile(state, pending)
+            effects.reconcile(self, state, pending)
             return
         step = self._plan(state)
         if isinstance(pending, PendingModelCall):
@@ -336,7 +339,7 @@ class RunLoop:
         elif isinstance(step, CallModel):
             self.call_model(state, step, attempt=1)
         elif isinstance(step, CallTool):
-            self.call_tool(state, step)
+            effects.call_tool(self, state, step)
         elif isinstance(step, PatchState):
             self.add(StatePatched, key=step.key, value_json=canonical_json(step.value))
         elif isinstance(step, Interrupt):
@@ -378,7 +381,7 @@ class RunLoop:
                 raise RunError("planner_error", "Interrupt('sleeping') needs wake_at")
             # The timer row is written before the pause is durable: a crash in
             # between leaves a timer that wakes nothing, never a sleep without one.
-            self.w.timers.schedule(
+            self.ctx.timers.schedule(
                 timer_id(state.run_id, event.seq), state.run_id, step.wake_at
             )
         self.flush()
@@ -410,7 +413,7 @@ class RunLoop:
             raise RunError(
                 "model_error", f"{e} (gave up after {MODEL_TRIES} tries)"
             ) from e
-        self.w.crash.hit("after_action:model")
+        self.ctx.probe.hit("after_action:model")
         self.add(
             ModelResponded,
             content=completion.content,
@@ -453,209 +456,6 @@ class RunLoop:
             )
         return completion
 
-    # -- tool steps ------------------------------------------------------------------
-    def call_tool(self, state: RunState, step: CallTool) -> None:
-        number = state.step + 1
-        key = f"{state.run_id}:{number}"
-        tool = self.agent.tools.get(step.tool)
-        self.add(
-            ToolCallRequested,
-            step=number,
-            call_id=step.call_id,
-            tool=step.tool,
-            args_json=canonical_json(step.args),
-            idempotency_key=key,
-            side_effect=tool.side_effect if tool is not None else False,
-        )
-        self.flush()  # write-ahead: nothing happens downstream before this is durable
-        result: Any
-        error: str | None
-        if tool is None:
-            result, error = None, f"unknown tool {step.tool!r}"
-        else:
-            ctx = self.context(state.run_id, number, key)
-            result, error = self.invoke(tool, step.args, ctx)
-        self.w.crash.hit("after_action:tool")
-        if result is _UNCERTAIN:
-            self.uncertain(state, key, step.tool, step.call_id, why=error)
-            return
-        self.add(ToolReturned, call_id=step.call_id, result_json=result, error=error)
-
-    def context(
-        self, run_id: str, step: int, key: str, attempt: int = 1
-    ) -> ToolContext:
-        return ToolContext(
-            run_id, step, key, attempt, partition=self.actor.partition, epoch=self.epoch
-        )
-
-    def invoke(
-        self,
-        tool: Tool[Any],
-        args: dict[str, JsonValue],
-        ctx: ToolContext,
-    ) -> tuple[Any, str | None]:
-        """Call the tool (through the dedupe table when it needs one)."""
-        ledger = self.w.ledger
-        if tool.needs_dedupe_table:
-            record = ledger.begin(ctx.idempotency_key, ctx.run_id, ctx.step, tool.name)
-            if record.status == "done":
-                return record.result_json, record.error
-            if record.status == "started":
-                return _UNCERTAIN, None
-            self.w.crash.hit("after_claim:tool")
-        try:
-            result, error = self._call(tool, args, ctx)
-        except FencedError:
-            if tool.needs_dedupe_table:  # refused downstream: the call did not happen
-                ledger.release(ctx.idempotency_key)
-            raise
-        if tool.needs_dedupe_table and result is not _UNCERTAIN:
-            ledger.finish(ctx.idempotency_key, result, error)
-        return result, error
-
-    def _call(  # noqa: PLR0911 - one return per outcome of a call
-        self,
-        tool: Tool[Any],
-        args: dict[str, JsonValue],
-        ctx: ToolContext,
-    ) -> tuple[str | None, str | None]:
-        try:
-            for tried in retrying(TOOL_TRIES, on=(RetryableToolError,), maximum=2.0):
-                with tried:
-                    result = canonical_json(self._run_tool(tool, args, ctx))
-        except _TimedOut:
-            if tool.side_effect:  # it may still happen: a person decides
-                return _UNCERTAIN, f"timed out after {tool.timeout} s"
-            return None, f"timed out after {tool.timeout} s"
-        except RetryableToolError as e:
-            return None, f"retryable error, gave up after {TOOL_TRIES} tries: {e}"
-        except TerminalToolError as e:
-            return None, str(e)
-        except FencedError:
-            raise  # the downstream refused our fencing token: we lost the run
-        except Exception as e:
-            return None, f"{type(e).__name__}: {e}"
-        limit = self.w.settings.kafka.max_event_bytes
-        if self.w.claims is None and len(result.encode()) > limit:
-            # Larger than one log record may be: the run hears of it as an error
-            # instead of the worker failing its append.
-            return None, (
-                f"result of {len(result.encode())} bytes exceeds the "
-                f"{limit}-byte event limit and no object store is "
-                "configured for payloads"
-            )
-        return result, None
-
-    def _run_tool(
-        self, tool: Tool[Any], args: dict[str, JsonValue], ctx: ToolContext
-    ) -> JsonValue:
-        """Call the tool on a daemon thread, waiting at most its timeout.
-
-        A call past its timeout keeps its thread (Python cannot stop one); daemon
-        threads never keep the worker from exiting.
-        """
-        if tool.timeout is None:
-            return tool(args, ctx)
-        future = _TOOL_THREADS.submit(lambda: tool(args, ctx))
-        try:
-            result: JsonValue = future.result(tool.timeout)
-        except FutureTimeout as e:
-            log.warning(
-                "run %s: tool %s timed out after %s s",
-                ctx.run_id,
-                tool.name,
-                tool.timeout,
-            )
-            raise _TimedOut from e
-        return result
-
-    def reconcile(self, state: RunState, pending: PendingToolCall) -> None:
-        """A ``tool_call_requested`` with no outcome: find out what happened by key,
-        and record it as ``tool_returned`` marked reconciled (or pause, uncertain)."""
-        outcome = self._reconciled_outcome(state, pending)
-        if outcome is not None and outcome[0] is _UNCERTAIN:
-            self.uncertain(
-                state,
-                pending.idempotency_key,
-                pending.tool,
-                pending.call_id,
-                why=outcome[1],
-            )
-        elif outcome is not None:
-            result, error = outcome
-            self.add(
-                ToolReturned,
-                call_id=pending.call_id,
-                result_json=result,
-                error=error,
-                reconciled=True,
-            )
-
-    def _reconciled_outcome(  # noqa: PLR0911 - one return per way of knowing
-        self, state: RunState, pending: PendingToolCall
-    ) -> tuple[str | None, str | None] | None:
-        key = pending.idempotency_key
-        resume = state.last_resume
-        if resume is not None and resume.seq > pending.seq and resume.reason == "input":
-            return resume.input_json, None  # a person settled an uncertain effect
-        tool = self.agent.tools.get(pending.tool)
-        if tool is None:
-            return None, f"unknown tool {pending.tool!r}"
-        ctx = self.context(state.run_id, pending.step, key, attempt=2)
-        args = _args(pending.args_json)
-        if not tool.side_effect:
-            return self._call(tool, args, ctx)
-        if tool.lookup is not None:
-            found = tool.lookup(key)
-            if found.status == "done":
-                return canonical_json(found.result), None
-            if found.status == "absent" and tool.honors_idempotency_key:
-                return self._call(tool, args, ctx)
-            self.uncertain(state, key, pending.tool, pending.call_id, found)
-            return None
-        if tool.honors_idempotency_key:
-            # The downstream dedupes by key: calling again returns the first result.
-            return self._call(tool, args, ctx)
-        record = self.w.ledger.get(key)
-        if record is None:  # the call never started: the ledger row comes first
-            result, error = self.invoke(tool, args, ctx)
-            if result is not _UNCERTAIN:
-                return result, error
-        elif record.status == "done":
-            return record.result_json, record.error
-        self.uncertain(state, key, pending.tool, pending.call_id)
-        return None
-
-    def uncertain(  # noqa: PLR0917 - what a person needs to settle it
-        self,
-        state: RunState,
-        key: str,
-        tool: str,
-        call_id: str,
-        found: Lookup | None = None,
-        why: str | None = None,
-    ) -> None:
-        """Neither the downstream nor the ledger can tell: a person decides."""
-        self.add(
-            Interrupted,
-            reason="uncertain_effect",
-            detail_json=canonical_json(
-                {
-                    "idempotency_key": key,
-                    "tool": tool,
-                    "call_id": call_id,
-                    "lookup": found.status if found is not None else None,
-                    "why": why,
-                    "resolve": "es-agents provide-input RUN --input '<result JSON>'",
-                }
-            ),
-        )
-        self.flush()
-
-
-_UNCERTAIN: Any = object()
-_TOOL_THREADS = DaemonPool("tool")
-
 
 def _text_size(event: Event) -> int:
     """Characters of an event's text fields (tool calls included)."""
@@ -666,13 +466,3 @@ def _text_size(event: Event) -> int:
         elif isinstance(value, tuple):
             total += sum(len(str(item)) for item in value)
     return total
-
-
-class _TimedOut(Exception):
-    pass
-
-
-def _args(args_json: str) -> dict[str, JsonValue]:
-
-    value = json.loads(args_json)
-    return value if isinstance(value, dict) else {"_value": value}

@@ -167,6 +167,10 @@ class Settings(BaseSettings):
         ge=1024,
         description="Bytes above which a payload field is claim-checked",
     )
+    store: Literal["kafka", "postgres", "memory"] = Field(
+        default="kafka",
+        description="Where the log lives: kafka, postgres (no broker), memory (tests)",
+    )
     fencing: Literal["transactions", "none"] = Field(
         default="transactions",
         description="transactions: a worker that lost a partition cannot append to it",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from es_agents.agent import ToolAgent
 from es_agents.app import build_model
-from examples import research
+from es_agents.lab import research
 
 
 def agent() -> ToolAgent:

@@ -1,6 +1,7 @@
-"""The projector: ``es.events`` into ``runs``, ``run_events`` and ``run_snapshots``.
+"""The projector: the events topic into ``runs``, ``run_events`` and ``run_snapshots``.
 
-A consumer group on the events topic (read_committed). Each batch is written in one
+A consumer group on the events topic (read_committed on Kafka), on any store.
+Each batch is written in one
 Postgres transaction together with the consumed offsets (``projector_offsets``), and
 messages below the stored offset are skipped, so a projector killed at any point and
 restarted ends with the same tables as one that never crashed. Rows go in with
@@ -14,37 +15,22 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from confluent_kafka import (
-    OFFSET_BEGINNING,
-    Consumer,
-    KafkaError,
-    Message,
-    TopicPartition,
-)
 
-from es_agents.adapters.kafka import (
-    DeadLetterQueue,
-    KafkaProducerLink,
-    _client,
-    consume_now,
-    where,
-)
 from es_agents.adapters.postgres import Database
-from es_agents.app import build_claim_check
-from es_agents.codec import AvroCodec
+from es_agents.adapters.postgres_projections import load_projected
 from es_agents.core.events import Event, Interrupted, RunCompleted, RunFailed
 from es_agents.core.fold import fold
 from es_agents.core.snapshot import REDUCER_VERSION, to_snapshot
 from es_agents.core.state import RunState
-from es_agents.crash import CrashPoints
-from es_agents.errors import DecodeError, FoldError, PayloadUnavailable, Unavailable
-from es_agents.resume import load_projected
+from es_agents.dead_letters import DeadLetterQueue
+from es_agents.errors import DecodeError, FoldError, PayloadUnavailable
+from es_agents.ports import EventLog, Probe, Received, Record, Subscribe
 from es_agents.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -63,22 +49,26 @@ class Batch:
 
 def load_state(
     conn: psycopg.Connection[Any],
-    codec: AvroCodec,
+    decode: Callable[[bytes], Event],
     run_id: str,
     restore: Callable[[Event], Event] | None = None,
 ) -> RunState | None:
     """A run's state from the projection alone: snapshot + projected events."""
-    return load_projected(conn, codec, run_id, restore)[0]
+    return load_projected(conn, decode, run_id, restore)[0]
 
 
 class Projector:
     def __init__(
         self,
         settings: Settings,
+        db: Database,
+        log: EventLog,
+        subscribe: Subscribe,
         *,
+        probe: Probe,
+        closers: Sequence[Callable[[], None]] = (),
         batch_size: int = 2000,
         cache_size: int = 10_000,
-        crash: CrashPoints | None = None,
         instance_id: str | None = None,
     ) -> None:
         self.settings = settings
@@ -86,34 +76,28 @@ class Projector:
         self.group_id = settings.projector_group_id
         self.topic = settings.kafka.events_topic
         self.batch_size = batch_size
-        self.codec = AvroCodec()
-        self.crash = crash if crash is not None else CrashPoints.from_env()
-        self.db = Database(settings.database_url.get_secret_value())
+        self.log = log
+        self.probe = probe
+        self._closers = list(closers)
+        self.db = db
         self.db.migrate()
-        self._link = KafkaProducerLink(settings.kafka)
-        self.dlq = DeadLetterQueue(settings.kafka, self._link)
+        self.dlq = DeadLetterQueue(log, settings.kafka.dlq_topic)
         self._cache: OrderedDict[str, RunState] = OrderedDict()
         # Runs folded without some claim-checked payload: no snapshots of them.
         self._incomplete: set[str] = set()
-        claims = build_claim_check(settings)
-        self.restore: Callable[[Event], Event] = (
-            claims.restore if claims is not None else (lambda event: event)
-        )
+        self.restore: Callable[[Event], Event] = log.restore
         self._cache_size = cache_size
         self._stop = threading.Event()
-        self._at_end: set[int] = set()
         self.projected = 0
         # Milliseconds from each event's creation to the commit that projected it.
         self.lags_ms: list[float] = []
-        conf = {
-            **settings.kafka.consumer_config(self.group_id),
-            "partition.assignment.strategy": "range",
-            "enable.partition.eof": True,
-            **({"group.instance.id": instance_id} if instance_id else {}),
-        }
-        self.consumer = Consumer(_client(conf))
-        self.consumer.subscribe(
-            [self.topic], on_assign=self._on_assign, on_revoke=self._on_revoke
+        self.source = subscribe(
+            self.topic,
+            self.group_id,
+            bytes,
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            instance_id=instance_id,
         )
 
     def reset(self) -> None:
@@ -128,7 +112,7 @@ class Projector:
         self._cache.clear()
 
     # -- partitions --------------------------------------------------------------
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_assign(self, partitions: list[int]) -> dict[int, int]:
         """Start each partition where the last committed transaction left it."""
         with self.db.transaction() as conn:
             stored = dict(
@@ -138,45 +122,26 @@ class Projector:
                     (self.group_id, self.topic),
                 ).fetchall()
             )
-        for tp in partitions:
-            tp.offset = stored.get(tp.partition, OFFSET_BEGINNING)
-            self._at_end.discard(tp.partition)
         self._cache.clear()
-        consumer.assign(partitions)
-        log.info(
-            "projecting partitions %s from %s",
-            [p.partition for p in partitions],
-            {p.partition: p.offset for p in partitions},
-        )
+        starts = {p: int(stored.get(p, 0)) for p in partitions}
+        log.info("projecting partitions %s from %s", partitions, starts)
+        return starts
 
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _on_revoke(self, partitions: list[int]) -> None:
         self._cache.clear()
-        consumer.unassign()
 
     # -- the loop ------------------------------------------------------------------
     def run(self, until_caught_up: bool = False, idle_seconds: float = 0.5) -> None:
         last_message = time.monotonic()
         try:
             while not self._stop.is_set():
-                msgs = consume_now(self.consumer, self.batch_size, timeout=0.1)
-                data = []
-                for msg in msgs:
-                    err = msg.error()
-                    if err is None:
-                        data.append(msg)
-                        self._at_end.discard(where(msg)[1])
-                    elif err.code() == KafkaError._PARTITION_EOF:
-                        self._at_end.add(where(msg)[1])
-                    elif err.fatal():
-                        raise Unavailable(f"{self.topic}: {err}")
-                if data:
+                received = self.source.poll(timeout=0.1, max_messages=self.batch_size)
+                if received:
                     last_message = time.monotonic()
-                    self.apply(data)
-                assignment = {tp.partition for tp in self.consumer.assignment()}
+                    self.apply([_record(r, self.topic) for r in received])
                 if (
                     until_caught_up
-                    and assignment
-                    and assignment <= self._at_end
+                    and self.source.caught_up()
                     and time.monotonic() - last_message > idle_seconds
                 ):
                     return
@@ -187,30 +152,31 @@ class Projector:
         self._stop.set()
 
     def close(self) -> None:
-        self.consumer.close()
-        self._link.close()
+        self.source.close()
         self.db.close()
+        for close in self._closers:
+            close()
 
-    def apply(self, msgs: list[Message]) -> None:
+    def apply(self, msgs: list[Record]) -> None:
         """Project one batch in one transaction, offsets included; all or nothing."""
         try:
             with self.db.transaction() as conn:
                 batch = self._build(conn, msgs)
                 self._write(conn, batch)
-                self.crash.hit("projector:before_commit")
+                self.probe.hit("projector:before_commit")
         except BaseException:
             self._cache.clear()  # it may hold folds of what was not committed
             raise
-        self.crash.hit("projector:after_commit")
+        self.probe.hit("projector:after_commit")
         self.projected += len(batch.events)
         now = datetime.now(UTC)
         self.lags_ms.extend((now - e[5]).total_seconds() * 1000 for e in batch.events)
 
-    def _build(self, conn: psycopg.Connection[Any], msgs: list[Message]) -> Batch:
+    def _build(self, conn: psycopg.Connection[Any], msgs: list[Record]) -> Batch:
         batch = Batch()
-        by_partition: dict[int, list[Message]] = {}
+        by_partition: dict[int, list[Record]] = {}
         for msg in msgs:
-            by_partition.setdefault(where(msg)[1], []).append(msg)
+            by_partition.setdefault(msg.partition, []).append(msg)
         for partition, part in by_partition.items():
             row = conn.execute(
                 "SELECT next_offset FROM projector_offsets WHERE group_id = %s "
@@ -219,7 +185,7 @@ class Projector:
             ).fetchone()
             stored = row[0] if row is not None else 0
             for msg in part:
-                offset = where(msg)[2]
+                offset = msg.offset
                 if offset < stored:
                     continue  # projected by an earlier transaction
                 self._project(conn, batch, msg, partition, offset)
@@ -230,13 +196,13 @@ class Projector:
         self,
         conn: psycopg.Connection[Any],
         batch: Batch,
-        msg: Message,
+        msg: Record,
         partition: int,
         offset: int,
     ) -> None:
-        payload = msg.value() or b""
+        payload = msg.value
         try:
-            event = self.codec.decode_event(payload)
+            event = self.log.decode_event(payload)
         except DecodeError as e:
             self._dead(batch, msg, f"undecodable event: {e}")
             return
@@ -280,15 +246,13 @@ class Projector:
                 )
             )
 
-    def _dead(self, batch: Batch, msg: Message, reason: str) -> None:
-        """To es.dlq (acknowledged before the batch commits) and to ``dead_letters``
-        in the batch's transaction, so the run shows it; the projector goes on."""
-        topic, partition, offset = where(msg)
+    def _dead(self, batch: Batch, msg: Record, reason: str) -> None:
+        """To the DLQ (durable before the batch commits) and to ``dead_letters`` in
+        the batch's transaction, so the run shows it; the projector goes on."""
+        topic, partition, offset = msg.topic, msg.partition, msg.offset
         log.error("%s[%d]@%d: not projected: %s", topic, partition, offset, reason)
         self.dlq.send(msg, reason)
-        key = msg.key()
-        run_id = key.decode(errors="replace") if isinstance(key, bytes) else key
-        batch.dead.append((topic, partition, offset, run_id, reason))
+        batch.dead.append((topic, partition, offset, msg.key, reason))
 
     def _state(self, conn: psycopg.Connection[Any], run_id: str) -> RunState | None:
         state = self._cache.get(run_id)
@@ -297,11 +261,11 @@ class Projector:
             return state
         self._incomplete.discard(run_id)
         try:
-            return load_state(conn, self.codec, run_id, self.restore)
+            return load_state(conn, self.log.decode_event, run_id, self.restore)
         except PayloadUnavailable as e:
             log.warning("run %s: projected without its payloads: %s", run_id, e)
             self._incomplete.add(run_id)
-            return load_state(conn, self.codec, run_id)
+            return load_state(conn, self.log.decode_event, run_id)
 
     def _restore(self, event: Event) -> Event:
         """The event with its claim-checked payloads; without them (and no more
@@ -398,4 +362,10 @@ def _run_row(state: RunState, partition: int, offset: int) -> tuple[Any, ...]:
         offset,
         state.started_at,
         state.updated_at,
+    )
+
+
+def _record(received: Received[bytes], topic: str) -> Record:
+    return Record(
+        topic, received.partition, received.offset, received.key, received.message
     )

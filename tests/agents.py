@@ -21,9 +21,9 @@ from es_agents.agent import ToolAgent
 from es_agents.core.state import RunState
 from es_agents.core.step import Finish, Interrupt, PatchState, Step
 from es_agents.core.versions import StateMigration
+from es_agents.lab import research
 from es_agents.models import Completion, ModelClient, ScriptedModel, call, reply
 from es_agents.tools import Tool, ToolContext, tool
-from examples import research
 
 _calls = os.environ.get("ES_AGENTS_MODEL_CALLS_LOG")
 CALLS_LOG = Path(_calls) if _calls else None

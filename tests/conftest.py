@@ -41,7 +41,7 @@ def database_url(dev_stack: object) -> Iterator[str]:
 @pytest.fixture
 def kafka_settings(dev_stack: object, request: pytest.FixtureRequest) -> KafkaSettings:
     """Settings with a topic prefix unique to this test (and this session)."""
-    from es_agents.adapters.kafka import ensure_topics  # noqa: PLC0415
+    from es_agents.adapters.kafka_admin import ensure_topics  # noqa: PLC0415
     from es_agents.dev import DevStack  # noqa: PLC0415
 
     assert isinstance(dev_stack, DevStack)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
 from es_agents.core.events import Event, RunStarted, StatePatched
-from es_agents.demo import script
+from es_agents.lab.demo import script
+
+ROOT = Path(__file__).resolve().parent.parent  # the repo: tests import tests.*
 
 
 def script_of(

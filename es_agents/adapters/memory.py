@@ -1,11 +1,25 @@
-"""In-memory adapters for unit tests of the runtime on its ports."""
+"""In-memory adapters of the read-write ports (ledger, timers, command book,
+projections, blobs), for tests of the runtime in one process."""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import final
 
-from es_agents.errors import PayloadUnavailable
+from es_agents.core.commands import Command, StartRun
+from es_agents.core.events import Event
+from es_agents.errors import ConfigError, PayloadUnavailable
+from es_agents.ports import (
+    Decided,
+    EffectRecord,
+    Projected,
+    ServedAgent,
+    Verdict,
+)
 
 
 @final
@@ -24,3 +38,197 @@ class InMemoryBlobStore:
         if data is None:
             raise PayloadUnavailable(f"{key}: no such object")
         return data
+
+
+@final
+class MemoryEffectLedger:
+    def __init__(self) -> None:
+        self._rows: dict[str, EffectRecord] = {}
+        self._lock = threading.Lock()
+
+    def begin(self, key: str, run_id: str, step: int, tool: str) -> EffectRecord:
+        with self._lock:
+            found = self._rows.get(key)
+            if found is None:
+                self._rows[key] = EffectRecord("started")
+                return EffectRecord("new")
+            return found
+
+    def finish(self, key: str, result_json: str | None, error: str | None) -> None:
+        with self._lock:
+            found = self._rows.get(key)
+            if found is None or found.status != "started":
+                raise ConfigError(f"effect {key} was not started, or already finished")
+            self._rows[key] = EffectRecord("done", result_json, error)
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            found = self._rows.get(key)
+            if found is not None and found.status == "started":
+                del self._rows[key]
+
+    def get(self, key: str) -> EffectRecord | None:
+        with self._lock:
+            return self._rows.get(key)
+
+
+@final
+class MemoryTimers:
+    def __init__(self) -> None:
+        self._rows: dict[str, tuple[str, datetime, datetime | None]] = {}
+        self._lock = threading.Lock()
+
+    def schedule(self, timer_id: str, run_id: str, due_at: datetime) -> None:
+        with self._lock:
+            self._rows[timer_id] = (run_id, due_at, None)
+
+    def fire_due(
+        self, fire: Callable[[str, str, datetime], None], limit: int = 100
+    ) -> int:
+        now = datetime.now(UTC)
+        with self._lock:
+            due = sorted(
+                (due_at, timer_id, run_id)
+                for timer_id, (run_id, due_at, fired) in self._rows.items()
+                if fired is None and due_at <= now
+            )[:limit]
+        for due_at, timer_id, run_id in due:
+            fire(timer_id, run_id, due_at)
+            with self._lock:
+                self._rows[timer_id] = (run_id, due_at, datetime.now(UTC))
+        return len(due)
+
+    def get(self, timer_id: str) -> tuple[datetime, datetime | None] | None:
+        with self._lock:
+            row = self._rows.get(timer_id)
+        return None if row is None else (row[1], row[2])
+
+
+@final
+class MemoryCommandBook:
+    def __init__(self) -> None:
+        self._verdicts: dict[str, Verdict] = {}
+        self._agents: dict[str, tuple[ServedAgent, float]] = {}
+        self._lock = threading.Lock()
+
+    def decided(self, verdicts: Sequence[Decided]) -> None:
+        now = datetime.now(UTC)
+        with self._lock:
+            for v in verdicts:
+                old = self._verdicts.get(v.command.command_id)
+                if old is not None and old.status == "applied":
+                    continue
+                self._verdicts[v.command.command_id] = Verdict(
+                    v.command.command_id,
+                    v.command.run_id,
+                    v.command.wire_name,
+                    v.status,
+                    v.reason,
+                    v.command.agent if isinstance(v.command, StartRun) else None,
+                    old.sent_at if old is not None else None,
+                    now,
+                )
+
+    def serve(  # noqa: PLR0917 - one row's columns
+        self,
+        worker_id: str,
+        agent: str,
+        agent_version: str,
+        gates: Sequence[str] | None,
+        tools: Sequence[str],
+        group_id: str,
+    ) -> None:
+        served = ServedAgent(
+            agent,
+            agent_version,
+            None if gates is None else list(gates),
+            list(tools),
+            group_id,
+            datetime.now(UTC),
+            0.0,
+            False,
+        )
+        with self._lock:
+            self._agents[agent] = (served, time.monotonic())
+
+    def retire(self, worker_id: str, agent: str) -> None:
+        with self._lock:
+            found = self._agents.get(agent)
+            if found is not None:
+                self._agents[agent] = (replace(found[0], stopped=True), found[1])
+
+    def reserve_start(self, command: StartRun, run_exists: bool) -> str | None:
+        with self._lock:
+            for v in self._verdicts.values():
+                if (
+                    v.run_id == command.run_id
+                    and v.type == StartRun.wire_name
+                    and v.status != "refused"
+                ):
+                    if v.command_id == command.command_id:
+                        return None
+                    if v.status == "sent":
+                        return f"run {command.run_id} is already pending"
+                    return f"run {command.run_id} already exists"
+            if run_exists:
+                return f"run {command.run_id} already exists"
+        self.sent(command)
+        return None
+
+    def sent(self, command: Command) -> None:
+        with self._lock:
+            self._verdicts.setdefault(
+                command.command_id,
+                Verdict(
+                    command.command_id,
+                    command.run_id,
+                    command.wire_name,
+                    "sent",
+                    None,
+                    command.agent if isinstance(command, StartRun) else None,
+                    datetime.now(UTC),
+                ),
+            )
+
+    def verdict(self, command_id: str) -> Verdict | None:
+        with self._lock:
+            return self._verdicts.get(command_id)
+
+    def for_run(self, run_id: str) -> list[Verdict]:
+        with self._lock:
+            return [v for v in self._verdicts.values() if v.run_id == run_id]
+
+    def agent(self, name: str) -> ServedAgent | None:
+        with self._lock:
+            found = self._agents.get(name)
+        if found is None:
+            return None
+        return replace(found[0], age_seconds=time.monotonic() - found[1])
+
+
+@final
+class MemoryProjections:
+    """No projection: every resume folds the run's log (still correct, not O(K))."""
+
+    def __init__(self, next_epoch: Callable[[str, int], int]) -> None:
+        self._next_epoch = next_epoch
+
+    def projected_until(self, partition: int) -> int:
+        return 0
+
+    def load(
+        self, run_id: str, partition: int, restore: Callable[[Event], Event] | None
+    ) -> Projected:
+        return Projected(None, None, 0, 0)
+
+    def running(self, partition: int, agent: str) -> set[str]:
+        return set()
+
+    def next_epoch(self, group: str, partition: int) -> int:
+        return self._next_epoch(group, partition)
+
+    def dead_letters(self, run_id: str) -> list[tuple[str, int, int, str]]:
+        return []
+
+    def runs(self, status: str | None, limit: int) -> list[dict[str, object]]:
+        return []

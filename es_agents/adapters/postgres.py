@@ -11,12 +11,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import resources
-from typing import Any, Literal, final
+from typing import Any, final
 
 import psycopg
 from psycopg_pool import ConnectionPool
 
 from es_agents.errors import ConfigError, Unavailable
+from es_agents.ports import EffectRecord
 
 _MIGRATION = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
 
@@ -64,6 +65,11 @@ class Database:
                 yield conn
         except psycopg.OperationalError as e:
             raise Unavailable(f"postgres: {e}") from e
+        except psycopg.errors.UndefinedTable as e:
+            raise ConfigError(
+                f"the database has no es-agents tables ({e.diag.message_primary}): "
+                "run `es-agents migrate` (workers and projectors do it on start)"
+            ) from e
 
     def migrate(self, dry_run: bool = False) -> list[Migration]:
         """Apply the migrations not applied yet (each in its own transaction)."""
@@ -100,31 +106,6 @@ MIGRATION_LOCK = 0x65_73_61_67  # "esag": the advisory lock taken while migratin
 
 def _safe(url: str) -> str:
     return re.sub(r"://([^:@/]+):[^@/]+@", r"://\1:***@", url)
-
-
-EffectStatus = Literal["new", "started", "done"]
-
-
-@dataclass(frozen=True)
-class EffectRecord:
-    status: EffectStatus
-    result_json: str | None = None
-    error: str | None = None
-
-
-def next_epoch(db: Database, group_id: str, partition: int) -> int:
-    """Take the partition's next epoch: the fencing token of its new owner."""
-    with db.transaction() as conn:
-        row = conn.execute(
-            "INSERT INTO partition_epochs (group_id, partition, epoch) "
-            "VALUES (%s, %s, 1) ON CONFLICT (group_id, partition) DO UPDATE "
-            "SET epoch = partition_epochs.epoch + 1, taken_at = now() "
-            "RETURNING epoch",
-            (group_id, partition),
-        ).fetchone()
-    if row is None:
-        raise ConfigError(f"no epoch for partition {partition} of {group_id}")
-    return int(row[0])
 
 
 @final

@@ -11,54 +11,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Literal, final
+from typing import final
 
 import psycopg
 
 from es_agents.adapters.postgres import Database
 from es_agents.core.commands import Command, StartRun
 from es_agents.errors import Unavailable
-
-VerdictStatus = Literal["sent", "applied", "refused"]
-
-
-@dataclass(frozen=True)
-class Verdict:
-    command_id: str
-    run_id: str
-    type: str
-    status: VerdictStatus
-    reason: str | None
-    agent: str | None = None
-    sent_at: datetime | None = None
-    decided_at: datetime | None = None
-
-
-@dataclass(frozen=True)
-class ServedAgent:
-    agent: str
-    agent_version: str
-    gates: list[str] | None  # None: the agent does not declare its gates
-    tools: list[str]
-    group_id: str
-    seen_at: datetime
-    age_seconds: float
-    stopped: bool  # every worker of the agent said it stopped
-
-    def live(self, within_seconds: float) -> bool:
-        return not self.stopped and self.age_seconds <= within_seconds
-
-
-@dataclass(frozen=True)
-class Decided:
-    """One verdict a worker reached: ``reason`` is None when applied."""
-
-    command: Command
-    status: Literal["applied", "refused"]
-    reason: str | None = None
-
+from es_agents.ports import Decided, ServedAgent, Verdict
 
 _COLUMNS = "command_id, run_id, type, status, reason, agent, sent_at, decided_at"
 

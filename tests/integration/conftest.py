@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from es_agents.demo import ticket_service
+from es_agents.lab.demo import ticket_service
 from es_agents.settings import KafkaSettings
 
 

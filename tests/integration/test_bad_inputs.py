@@ -12,7 +12,7 @@ from es_agents.codec import AvroCodec
 from es_agents.core import replay
 from es_agents.core.commands import Approve, StartRun
 from es_agents.core.events import ToolReturned
-from es_agents.demo import run_worker, ticket_stats
+from es_agents.lab.demo import run_worker, ticket_stats
 from es_agents.partitioner import partition_for
 from es_agents.settings import KafkaSettings
 from tests.integration.test_runtime import _events, _start

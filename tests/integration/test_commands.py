@@ -20,12 +20,14 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from es_agents.adapters.kafka import KafkaEventLog, ensure_topics
+from es_agents.adapters.kafka import KafkaEventLog
+from es_agents.adapters.kafka_admin import ensure_topics
 from es_agents.client import Client
 from es_agents.core.commands import Approve
-from es_agents.demo import ROOT, _env, cli
 from es_agents.errors import ConfigError
+from es_agents.lab.demo import _env, cli
 from es_agents.settings import KafkaSettings, Settings
+from tests.test_support import ROOT
 
 pytestmark = pytest.mark.integration
 

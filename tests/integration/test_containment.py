@@ -10,11 +10,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from es_agents.adapters.kafka import ensure_topics
+from es_agents.adapters.kafka_admin import ensure_topics
 from es_agents.client import Client
 from es_agents.core import replay
 from es_agents.core.events import RunFailed, RunStarted
-from es_agents.demo import run_worker
+from es_agents.lab.demo import run_worker
 from es_agents.settings import KafkaSettings, Settings
 from tests.integration.test_runtime import _events
 from tests.model_server import model_server

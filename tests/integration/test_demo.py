@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from es_agents.demo import cli
+from es_agents.lab.demo import cli
 from es_agents.settings import KafkaSettings
 
 pytestmark = pytest.mark.integration

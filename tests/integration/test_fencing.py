@@ -15,9 +15,10 @@ import pytest
 
 from es_agents.core import replay
 from es_agents.core.events import ModelCallRequested
-from es_agents.demo import ROOT, run_worker, ticket_stats
+from es_agents.lab.demo import run_worker, ticket_stats
 from es_agents.settings import KafkaSettings
 from tests.integration.test_runtime import _events, _start
+from tests.test_support import ROOT
 
 pytestmark = pytest.mark.integration
 

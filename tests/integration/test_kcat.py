@@ -16,7 +16,7 @@ import pytest
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
 from es_agents.adapters.kafka import KafkaEventLog
-from es_agents.demo import script
+from es_agents.lab.demo import script
 from es_agents.settings import KafkaSettings
 
 pytestmark = pytest.mark.integration

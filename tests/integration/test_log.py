@@ -11,18 +11,15 @@ from collections import defaultdict
 import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
-from es_agents.adapters.kafka import (
-    DeadLetterQueue,
-    KafkaEventLog,
-    KafkaProducerLink,
-    KafkaSource,
-)
+from es_agents.adapters.kafka import KafkaEventLog
+from es_agents.adapters.kafka_source import KafkaSource
 from es_agents.codec import AvroCodec
 from es_agents.core import replay
 from es_agents.core.commands import Approve, Command, StartRun
 from es_agents.core.events import Event, StatePatched
-from es_agents.demo import script
+from es_agents.dead_letters import DeadLetterQueue
 from es_agents.dev import DevStack
+from es_agents.lab.demo import script
 from es_agents.partitioner import partition_for
 from es_agents.settings import KafkaSettings
 
@@ -177,8 +174,8 @@ def test_poison_messages_go_to_the_dlq_and_the_consumer_keeps_going(
     )
     assert raw.flush(30) == 0
 
-    link = KafkaProducerLink(kafka_settings)
-    dlq = DeadLetterQueue(kafka_settings, link)
+    link = KafkaEventLog(kafka_settings)
+    dlq = DeadLetterQueue(link, kafka_settings.dlq_topic)
     source: KafkaSource[Command] = KafkaSource(
         kafka_settings,
         kafka_settings.commands_topic,

@@ -13,14 +13,14 @@ from confluent_kafka import Consumer, TopicPartition
 
 from es_agents.adapters.kafka import KafkaEventLog
 from es_agents.adapters.s3 import S3BlobStore
+from es_agents.app import build_projector
 from es_agents.client import Client
 from es_agents.core import replay
 from es_agents.core.events import ToolReturned
-from es_agents.demo import cli, run_worker
 from es_agents.dev import DevStack
+from es_agents.lab.demo import cli, run_worker
 from es_agents.payloads import ClaimCheck
 from es_agents.settings import KafkaSettings, Settings
-from projectors.runs import Projector
 
 pytestmark = pytest.mark.integration
 
@@ -90,7 +90,7 @@ def test_large_payloads_travel_by_reference(
     sizes = _raw_sizes(kafka_settings, run)
     assert max(sizes) < 2_000, sizes  # the log holds references only
     # The projection folds the payloads back; its snapshot resumes the whole state.
-    projector = Projector(settings, batch_size=100)
+    projector = build_projector(settings, batch_size=100)
     projector.run(until_caught_up=True, idle_seconds=0.3)
     with Client(settings) as client:
         view = client.status(run)

@@ -20,15 +20,16 @@ from pydantic import SecretStr
 
 from es_agents.adapters.kafka import KafkaEventLog
 from es_agents.adapters.postgres import Database
+from es_agents.adapters.postgres_projections import PostgresProjections
+from es_agents.app import build_projector
 from es_agents.codec import AvroCodec
 from es_agents.core import replay
 from es_agents.core.events import Event, StatePatched
-from es_agents.demo import ROOT
 from es_agents.dev import DevStack
 from es_agents.resume import RunLoader
 from es_agents.settings import KafkaSettings, Settings
-from projectors.runs import Projector, load_state
-from tests.test_support import script_of
+from projectors.runs import load_state
+from tests.test_support import ROOT, script_of
 
 pytestmark = pytest.mark.integration
 
@@ -79,7 +80,7 @@ def _write_interleaved(
 
 
 def _project(settings: Settings) -> int:
-    projector = Projector(settings, batch_size=97)
+    projector = build_projector(settings, batch_size=97)
     projector.run(until_caught_up=True, idle_seconds=0.3)
     return projector.projected
 
@@ -114,7 +115,9 @@ def test_projection_equals_the_fold_of_random_interleavings(
                 "SELECT status, step, last_seq FROM runs WHERE run_id = %s", (run_id,)
             ).fetchone() or (None, None, None)
             assert (status, step, last_seq) == (full.status, full.step, full.seq)
-            assert load_state(conn, codec, run_id) == full  # snapshot + tail
+            assert (
+                load_state(conn, codec.decode_event, run_id) == full
+            )  # snapshot + tail
             seqs = [
                 r[0]
                 for r in conn.execute(
@@ -227,8 +230,11 @@ def test_resume_reads_a_snapshot_and_at_most_k_events(
         log.append(events[start : start + 200])
     _project(settings)
     db = Database(fresh_db)
+    projections = PostgresProjections(
+        db, log.decode_event, settings.projector_group_id, kafka_settings.events_topic
+    )
     try:
-        loaded = RunLoader(db, log, settings.projector_group_id).load(run_id)
+        loaded = RunLoader(projections, log, kafka_settings.events_topic).load(run_id)
         assert loaded.state == replay(events)
         assert loaded.snapshot_seq is not None
         assert loaded.events_from_db < k
@@ -241,7 +247,7 @@ def test_resume_reads_a_snapshot_and_at_most_k_events(
                 "'{versions,from_other_code}', '1') WHERE run_id = %s",
                 (run_id,),
             )
-        fallback = RunLoader(db, log, settings.projector_group_id).load(run_id)
+        fallback = RunLoader(projections, log, kafka_settings.events_topic).load(run_id)
         assert fallback.state == replay(events)
         assert fallback.snapshot_seq is None
         assert fallback.events_from_db == len(events)
@@ -267,7 +273,9 @@ def test_resume_reads_a_snapshot_and_at_most_k_events(
         if state.terminal:
             return
         log.append(more)
-        later = RunLoader(db, log, settings.projector_group_id, wait_for_projector=0)
+        later = RunLoader(
+            projections, log, kafka_settings.events_topic, wait_for_projector=0
+        )
         again = later.load(run_id)
         assert again.events_from_log == 3
         assert again.state == replay(events + more)
@@ -279,7 +287,7 @@ def test_resume_reads_a_snapshot_and_at_most_k_events(
 def test_status_and_runs_read_the_projection(
     kafka_settings: KafkaSettings, fresh_db: str
 ) -> None:
-    from es_agents.demo import cli  # noqa: PLC0415
+    from es_agents.lab.demo import cli  # noqa: PLC0415
 
     logs = _write_interleaved(kafka_settings, runs=4, seed=21)
     settings = _settings(kafka_settings, fresh_db, 3)
@@ -381,7 +389,7 @@ def test_rebuild_projects_the_whole_log_again(
     before = _tables(fresh_db)
     with psycopg.connect(fresh_db, autocommit=True) as conn:
         conn.execute("UPDATE runs SET status = 'tampered'")
-    projector = Projector(settings, batch_size=50)
+    projector = build_projector(settings, batch_size=50)
     projector.reset()
     projector.run(until_caught_up=True, idle_seconds=0.3)
     assert _tables(fresh_db)["runs"] == before["runs"]

@@ -12,9 +12,9 @@ import pytest
 from es_agents.client import Client
 from es_agents.core import replay
 from es_agents.core.events import ModelCallRequested, ModelResponded
-from es_agents.demo import run_worker, ticket_stats
+from es_agents.lab import research
+from es_agents.lab.demo import run_worker, ticket_stats
 from es_agents.settings import KafkaSettings, Settings
-from examples import research
 from tests.integration.test_runtime import _events
 from tests.wire_servers import Fault, wire_server
 

@@ -15,10 +15,11 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from es_agents.adapters.kafka import ensure_topics
+from es_agents.adapters.kafka_admin import ensure_topics
 from es_agents.client import Client
-from es_agents.demo import ROOT, _env
+from es_agents.lab.demo import _env
 from es_agents.settings import KafkaSettings, Settings
+from tests.test_support import ROOT
 
 pytestmark = pytest.mark.integration
 

@@ -28,9 +28,10 @@ from es_agents.core.events import (
     Resumed,
     ToolReturned,
 )
-from es_agents.demo import ROOT, cli, run_worker, ticket_stats
+from es_agents.lab.demo import cli, run_worker, ticket_stats
 from es_agents.partitioner import partition_for
 from es_agents.settings import KafkaSettings
+from tests.test_support import ROOT
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ import pytest
 
 from es_agents.core import RunState, replay
 from es_agents.core.events import Migrated, Resumed, StatePatched
-from es_agents.demo import cli, run_worker, ticket_stats
+from es_agents.lab.demo import cli, run_worker, ticket_stats
 from es_agents.settings import KafkaSettings
 from tests.integration.test_runtime import _events, _start
 

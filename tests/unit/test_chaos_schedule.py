@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from es_agents.chaos.schedule import CRASH_POINTS, KINDS, fault_schedule, fingerprint
+from es_agents.lab.chaos.schedule import (
+    CRASH_POINTS,
+    KINDS,
+    fault_schedule,
+    fingerprint,
+)
 
 
 def test_the_same_seed_gives_the_same_schedule() -> None:

@@ -17,8 +17,8 @@ from es_agents.core.events import (
     ToolReturned,
 )
 from es_agents.core.state import PendingModelCall, PendingToolCall
-from es_agents.demo import script
 from es_agents.errors import FoldError
+from es_agents.lab.demo import script
 
 
 def test_demo_script_folds_to_completed() -> None:

@@ -221,7 +221,8 @@ def test_the_example_agent_takes_its_model_from_the_environment(
 ) -> None:
     from es_agents.core.state import RunState  # noqa: PLC0415
     from es_agents.core.step import CallModel  # noqa: PLC0415
-    from examples import any_model, research  # noqa: PLC0415
+    from es_agents.lab import research  # noqa: PLC0415
+    from examples import any_model  # noqa: PLC0415
 
     with wire_server(wire, research.SCRIPT) as server:  # type: ignore[arg-type]
         monkeypatch.setenv("ES_AGENTS_MODEL_PROVIDER", wire)

@@ -38,8 +38,8 @@ from es_agents.core.step import (
     start,
     timer_id,
 )
+from es_agents.lab.research import create_ticket, search
 from es_agents.models import ScriptedModel, call, reply
-from examples.research import create_ticket, search
 
 RUN = "run-1"
 

@@ -4,7 +4,7 @@ Per run: the model asks to ``charge`` (gated: a person approves; the downstream
 dedupes by ``Idempotency-Key`` and answers lookups), then to ``send_email`` (the
 downstream knows nothing of keys: the dedupe table guards it), then the run sleeps
 until ``started_at + input.sleep_seconds`` (a timer row), and the model answers. Both
-tools go to the effects service of ``es_agents.chaos.effects`` at
+tools go to the effects service of ``es_agents.lab.chaos.effects`` at
 ``ES_AGENTS_CHAOS_EFFECTS_URL``, which counts every effect per key. Both send the
 worker's fencing token; a refusal (409) raises ``FencedError``.
 """

@@ -5,7 +5,7 @@ returns the one already created with that key (never a second one).
 GET /tickets?idempotency_key=K answers a lookup (200 with the ticket, or 404).
 GET /tickets/stats?prefix=P counts tickets and keys whose key starts with P.
 
-Run: python -m examples.ticket_service --port 18080 --database-url postgresql://...
+Run: python -m es_agents.lab.ticket_service --port 18080 --database-url postgresql://...
 """
 
 from __future__ import annotations

@@ -37,11 +37,8 @@ from typing import Any
 import psycopg
 from confluent_kafka import Consumer, TopicPartition
 
-from es_agents.ack_journal import read_journal
-from es_agents.adapters.kafka import KafkaEventLog, _client, ensure_topics
-from es_agents.chaos.agent import NAME
-from es_agents.chaos.effects import EffectsService
-from es_agents.chaos.schedule import Fault, fault_schedule, fingerprint
+from es_agents.adapters.kafka import KafkaEventLog, _client
+from es_agents.adapters.kafka_admin import ensure_topics
 from es_agents.codec import AvroCodec
 from es_agents.core import RunState, replay
 from es_agents.core.commands import Approve, Command, StartRun
@@ -49,10 +46,13 @@ from es_agents.core.events import Event, ModelCallRequested, ModelResponded
 from es_agents.core.fold import fold
 from es_agents.dev import DevStack
 from es_agents.errors import EsAgentsError
+from es_agents.lab.ack_journal import read_journal
+from es_agents.lab.chaos.agent import NAME
+from es_agents.lab.chaos.effects import EffectsService
+from es_agents.lab.chaos.schedule import Fault, fault_schedule, fingerprint
 from es_agents.settings import KafkaSettings, load_settings
 
-ROOT = Path(__file__).resolve().parents[2]
-AGENT = "es_agents.chaos.agent:agent"
+AGENT = "es_agents.lab.chaos.agent:agent"
 SETTLED_REASONS = ("uncertain_effect", "version_mismatch", "awaiting_input")
 
 
@@ -91,7 +91,6 @@ class Child:
         with self.log.open("ab") as out:
             self.popen = subprocess.Popen(
                 self.argv,
-                cwd=ROOT,
                 env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -298,9 +297,6 @@ class Chaos:
     def _env(self) -> dict[str, str]:
         env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join(
-                filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])
-            ),
             "ES_AGENTS_BOOTSTRAP_SERVERS": self.kafka.bootstrap_servers,
             "ES_AGENTS_TOPIC_PREFIX": self.kafka.topic_prefix,
             "ES_AGENTS_PARTITIONS": str(self.kafka.partitions),
@@ -598,7 +594,7 @@ class Chaos:
             for partition in range(self.kafka.partitions):
                 for msg in log.read_partition(self.kafka.events_topic, partition):
                     try:
-                        event = log.codec.decode_event(msg.value() or b"")
+                        event = log.codec.decode_event(msg.value)
                     except EsAgentsError as e:
                         violations["undecodable_event"].append(str(e))
                         continue

@@ -15,6 +15,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from es_agents.adapters.kafka import KafkaEventLog, ensure_topics
+from es_agents.app import build_client_ports, ensure_topics
 from es_agents.core import replay
 from es_agents.core.commands import StartRun
 from es_agents.core.events import (
@@ -48,7 +49,7 @@ def script(run_id: str, steps: int) -> list[Event]:
             run_id=run_id,
             seq=0,
             step=0,
-            agent="examples.research:agent",
+            agent="es_agents.lab.research:agent",
             input_json=json.dumps({"topic": "durable agents"}),
             command_id=str(uuid.uuid4()),
             agent_version="demo-1",
@@ -115,16 +116,11 @@ def script(run_id: str, steps: int) -> list[Event]:
     return events
 
 
-ROOT = Path(__file__).resolve().parent.parent
-AGENT = "examples.research:agent"
+AGENT = "es_agents.lab.research:agent"
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, **extra}
-    env["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(ROOT), env.get("PYTHONPATH")])
-    )
-    return env
+    return {**os.environ, **extra}
 
 
 @contextmanager
@@ -138,13 +134,12 @@ def ticket_service(database_url: str, port: int = 18080) -> Iterator[str]:
         [
             sys.executable,
             "-m",
-            "examples.ticket_service",
+            "es_agents.lab.ticket_service",
             "--port",
             str(port),
             "--database-url",
             database_url,
         ],
-        cwd=ROOT,
         env=_env(),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
@@ -193,7 +188,6 @@ def run_worker(
             "--until-idle",
             *(["--instance-id", instance_id] if instance_id else []),
         ],
-        cwd=ROOT,
         env=_env(**env),
         capture_output=True,
         text=True,
@@ -205,7 +199,6 @@ def run_worker(
 def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "es_agents.cli", *args],
-        cwd=ROOT,
         env=_env(**env),
         capture_output=True,
         text=True,
@@ -216,12 +209,12 @@ def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 
 def run_demo(echo: Callable[[str], None]) -> bool:
     settings = load_settings()
-    ensure_topics(settings.kafka)
-    work = ROOT / ".es-dev" / "demo"
-    work.mkdir(parents=True, exist_ok=True)
+    ensure_topics(settings)
+    work = Path(tempfile.mkdtemp(prefix="es-agents-demo-"))
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     calls_log = work / f"model-calls-{run_id}.jsonl"
-    log = KafkaEventLog(settings.kafka)
+    ports = build_client_ports(settings)
+    log = ports.log
     try:
         with ticket_service(settings.database_url.get_secret_value()) as url:
             env = {
@@ -269,9 +262,9 @@ def run_demo(echo: Callable[[str], None]) -> bool:
             )
             stats = ticket_stats(url, run_id)
     finally:
-        log.close()
+        ports.close()
 
-    echo("\ntimeline:")
+    echo(f"\ntimeline ({settings.store} store):")
     for event in events:
         echo(
             f"  {event.seq:>3} step {event.step:>2}  {event.wire_name:<21} "
@@ -280,7 +273,7 @@ def run_demo(echo: Callable[[str], None]) -> bool:
     issued = [json.loads(line) for line in calls_log.read_text().splitlines()]
     hashes = [c["hash"] for c in issued]
     recorded = sum(isinstance(e, ModelResponded) for e in events)
-    sizes = [len(log.codec.encode(e)) for e in events]
+    sizes = [len(log.encode(e)) for e in events]
     checks = {
         "first worker exited at the gate (code 0)": first.returncode == 0,
         "second worker was SIGKILLed at the crash point": crashed.returncode == -9,

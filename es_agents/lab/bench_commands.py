@@ -22,15 +22,14 @@ from collections.abc import Callable
 
 from confluent_kafka import Producer
 
-from es_agents.bench import scratch_settings
+from es_agents.app import build_ports, build_projector, build_worker
 from es_agents.client import Client, CommandResult
 from es_agents.codec import AvroCodec
 from es_agents.core import RunState
 from es_agents.core.events import Event, RunStarted, StatePatched
 from es_agents.core.step import Finish, Interrupt, Step
+from es_agents.lab.bench import scratch_settings
 from es_agents.settings import Settings
-from es_agents.worker import Worker
-from projectors.runs import Projector
 
 COMMANDS = ("start", "status", "approve", "reject", "provide-input", "cancel")
 
@@ -200,8 +199,8 @@ def _bench(
     cli_repeats: int,
     echo: Callable[[str], None],
 ) -> dict[str, object]:
-    worker = Worker(settings, Desk())  # type: ignore[arg-type]
-    projector = Projector(settings, batch_size=5000)
+    worker = build_worker(settings, Desk())  # type: ignore[arg-type]
+    projector = build_projector(settings, batch_size=5000)
     threads = [
         threading.Thread(target=worker.run, daemon=True),
         threading.Thread(target=projector.run, daemon=True),
@@ -246,13 +245,11 @@ def _bench(
 
 
 def _topic_size(settings: Settings) -> int:
-    from es_agents.adapters.kafka import KafkaEventLog  # noqa: PLC0415
-
-    log = KafkaEventLog(settings.kafka)
+    ports = build_ports(settings)
     try:
         return sum(
-            log.end_offset(settings.kafka.events_topic, p)
+            ports.log.end_offset(settings.kafka.events_topic, p)
             for p in range(settings.kafka.partitions)
         )
     finally:
-        log.close()
+        ports.close()

@@ -26,8 +26,8 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from pydantic import BaseModel, JsonValue, SecretStr
 
-from es_agents.adapters.kafka import KafkaEventLog, ensure_topics
 from es_agents.agent import Agent, ToolAgent
+from es_agents.app import build_ports, build_projector, build_worker, ensure_topics
 from es_agents.codec import AvroCodec
 from es_agents.core import RunState, replay
 from es_agents.core.commands import Approve, StartRun
@@ -36,7 +36,6 @@ from es_agents.core.step import CallTool, Finish, Interrupt, Step
 from es_agents.models import ScriptedModel, call, reply
 from es_agents.settings import Settings, load_settings
 from es_agents.tools import ToolContext, tool
-from es_agents.worker import Worker
 
 
 class NoArgs(BaseModel):
@@ -82,16 +81,16 @@ class ToolLoop:
 
 def _run(settings: Settings, agent: Agent) -> tuple[list[Event], list[float], float]:
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
-    log = KafkaEventLog(settings.kafka)
+    ports = build_ports(settings)
     try:
-        log.send(StartRun(run_id=run_id, agent="bench"))
-        worker = Worker(settings, agent, until_idle=True, idle_seconds=0.3)
+        ports.log.send(StartRun(run_id=run_id, agent="bench"))
+        worker = build_worker(settings, agent, until_idle=True, idle_seconds=0.3)
         started = time.perf_counter()
         worker.run()
         wall = time.perf_counter() - started
-        events = log.read_run(run_id)
+        events = ports.log.read_run(run_id)
     finally:
-        log.close()
+        ports.close()
     state = replay(events)
     if state.status != "completed":
         raise RuntimeError(f"bench run ended {state.status}: {state.error}")
@@ -106,7 +105,6 @@ def bench_steps(steps: int, echo: Callable[[str], None]) -> dict[str, object]:
 def _bench_steps(
     settings: Settings, steps: int, echo: Callable[[str], None]
 ) -> dict[str, object]:
-    kafka = settings.kafka
     codec = AvroCodec()
 
     # 1. The protocol alone: no-op tool steps, no model, no transcript; first without
@@ -134,21 +132,12 @@ def _bench_steps(
         sizes[event.step] = sizes.get(event.step, 0) + size
     last = chat_steps - 1  # the final step also carries run_completed
 
-    # 3. Bare confluent-kafka, same settings: two records per acknowledged flush.
+    # 3. The bare store, same settings: two records per acknowledged write.
     record = b"x" * int(statistics.mean(sizes.values()) / 2)
-    producer = Producer(kafka.producer_config())
-    producer.produce(kafka.events_topic, key="warm", value=record)
-    producer.flush()
-    raw_ms = []
-    for _ in range(steps):
-        started = time.perf_counter()
-        producer.produce(kafka.events_topic, key="raw", value=record)
-        producer.produce(kafka.events_topic, key="raw", value=record)
-        producer.flush()
-        raw_ms.append((time.perf_counter() - started) * 1000)
-    raw_p50 = statistics.median(raw_ms)
+    raw_p50 = statistics.median(_raw_writes(settings, record, steps))
 
     result: dict[str, object] = {
+        "store": settings.store,
         "steps": steps,
         "tool_step_ms": round(tool_per_step, 3),
         "append_ack_ms_p50": round(ack_p50, 3),
@@ -161,8 +150,9 @@ def _bench_steps(
         "chat_append_ack_ms_p50": round(statistics.median(chat_acks), 3),
         "bytes_step_10": sizes.get(10),
         f"bytes_step_{last}": sizes.get(last),
-        "durability": "acks=all, single broker, page cache (no fsync per message)",
+        "durability": _durability(settings),
     }
+    echo(f"store: {settings.store} ({result['durability']})")
     echo(
         f"with fencing (ES_AGENTS_FENCING=transactions): {fenced_per_step:.3f} ms "
         f"per step, commit p50 {fenced_ack_p50:.3f} ms"
@@ -172,7 +162,7 @@ def _bench_steps(
         f"append ack p50 {ack_p50:.3f} ms"
     )
     echo(
-        f"bare confluent-kafka produce x2 + flush, same settings: {raw_p50:.3f} ms p50 "
+        f"bare {_RAW[settings.store]}, same settings: {raw_p50:.3f} ms p50 "
         f"(ack ratio {result['ack_ratio_framework_to_raw']}, "
         f"step ratio {result['step_ratio_framework_to_raw']})"
     )
@@ -202,6 +192,55 @@ class GateLoop:
         return {"agent_version": "bench-gate-loop@1"}
 
 
+_RAW = {
+    "kafka": "confluent-kafka produce x2 + flush",
+    "postgres": "psycopg INSERT x2 + COMMIT",
+}
+
+
+def _raw_writes(settings: Settings, record: bytes, n: int) -> list[float]:
+    """Milliseconds per write of two records straight to the store, no framework."""
+    out = []
+    if settings.store == "postgres":
+        url = settings.database_url.get_secret_value()
+        with psycopg.connect(url) as conn:
+            conn.execute("CREATE TABLE IF NOT EXISTS raw_bench (k text, v bytea)")
+            conn.commit()
+            for _ in range(n + 1):
+                started = time.perf_counter()
+                with conn.cursor() as cur:
+                    cur.executemany(
+                        "INSERT INTO raw_bench VALUES (%s, %s)",
+                        [("raw", record), ("raw", record)],
+                    )
+                conn.commit()
+                out.append((time.perf_counter() - started) * 1000)
+        return out[1:]
+    kafka = settings.kafka
+    producer = Producer(kafka.producer_config())
+    producer.produce(kafka.events_topic, key="warm", value=record)
+    producer.flush()
+    for _ in range(n):
+        started = time.perf_counter()
+        producer.produce(kafka.events_topic, key="raw", value=record)
+        producer.produce(kafka.events_topic, key="raw", value=record)
+        producer.flush()
+        out.append((time.perf_counter() - started) * 1000)
+    return out
+
+
+def _durability(settings: Settings) -> str:
+    if settings.store != "postgres":
+        return "acks=all, single broker, page cache (no fsync per message)"
+    with psycopg.connect(settings.database_url.get_secret_value()) as conn:
+        fsync = conn.execute("SHOW fsync").fetchone()
+        commit = conn.execute("SHOW synchronous_commit").fetchone()
+    return (
+        f"postgres commit, fsync={fsync[0] if fsync else '?'}, "
+        f"synchronous_commit={commit[0] if commit else '?'}"
+    )
+
+
 @contextmanager
 def scratch_settings(partitions: int, k: int | None = None) -> Iterator[Settings]:
     """Settings of a bench's own: a fresh topic prefix, and a fresh database on the
@@ -223,8 +262,9 @@ def scratch_settings(partitions: int, k: int | None = None) -> Iterator[Settings
     if k is not None:
         fields["snapshot_every"] = k
     try:
-        ensure_topics(kafka)
-        yield Settings(**fields)
+        settings = Settings(**fields)
+        ensure_topics(settings)
+        yield settings
     finally:
         with psycopg.connect(
             make_conninfo(url, dbname="postgres"), autocommit=True
@@ -284,9 +324,8 @@ def bench_resume(
 def _bench_resume(
     settings: Settings, lengths: list[int], repeats: int, echo: Callable[[str], None]
 ) -> dict[str, object]:
-    from projectors.runs import Projector  # noqa: PLC0415
-
-    log = KafkaEventLog(settings.kafka)
+    ports = build_ports(settings)
+    log = ports.log
     runs = {length: f"bench-{length}-{uuid.uuid4().hex[:6]}" for length in lengths}
     total = 0
     for length, run_id in runs.items():
@@ -295,14 +334,14 @@ def _bench_resume(
             log.append(events[start : start + 2000])
         total += len(events)
     echo(f"wrote {total} events for runs of {', '.join(map(str, lengths))} events")
-    projector = Projector(settings, batch_size=5000)
+    projector = build_projector(settings, batch_size=5000)
     started = time.perf_counter()
     projector_thread = _in_thread(projector.run)
     while projector.projected < total:
         time.sleep(0.05)
     took = time.perf_counter() - started
     echo(f"projected them in {took:.1f}s (K={settings.snapshot_every})")
-    worker = Worker(settings, GateLoop())
+    worker = build_worker(settings, GateLoop())
     worker_thread = _in_thread(worker.run)
     results: dict[int, float] = {}
     warm = f"bench-warm-{uuid.uuid4().hex[:6]}"
@@ -334,9 +373,10 @@ def _bench_resume(
         projector.stop()
         worker_thread.join(30)
         projector_thread.join(30)
-        log.close()
+        ports.close()
     shortest, longest = results[min(results)], results[max(results)]
     summary: dict[str, object] = {
+        "store": settings.store,
         "resume_ms": {str(n): round(v, 3) for n, v in results.items()},
         "k": settings.snapshot_every,
         "ratio_longest_to_shortest": round(longest / shortest, 2),
@@ -361,10 +401,9 @@ def _bench_projector(
     seconds: float,
     echo: Callable[[str], None],
 ) -> dict[str, object]:
-    from projectors.runs import Projector  # noqa: PLC0415
-
-    log = KafkaEventLog(settings.kafka)
-    projector = Projector(settings, batch_size=2000)
+    ports = build_ports(settings)
+    log = ports.log
+    projector = build_projector(settings, batch_size=2000)
     projector_thread = _in_thread(projector.run)
     time.sleep(2.0)
     stop = threading.Event()
@@ -426,7 +465,7 @@ def _bench_projector(
         count += sum(1 for m in bare.consume(5000, timeout=0.5) if m.error() is None)
     bare_rate = count / (time.perf_counter() - t0)
     bare.close()
-    catchup = Projector(
+    catchup = build_projector(
         settings.model_copy(
             update={"projector_group": f"catchup-{uuid.uuid4().hex[:6]}"}
         ),
@@ -437,7 +476,7 @@ def _bench_projector(
     t0 = time.perf_counter()
     catchup.run(until_caught_up=True, idle_seconds=0.2)
     projector_rate = catchup.projected / (time.perf_counter() - t0 - 0.2)
-    log.close()
+    ports.close()
     result: dict[str, object] = {
         "runs": runs,
         "events": written[0],

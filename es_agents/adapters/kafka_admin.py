@@ -1,0 +1,163 @@
+"""Kafka topics: created with retention forever, checked for partition counts and
+for anything that would expire records."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
+
+from es_agents.adapters.kafka import _client, _NotYetKnown
+from es_agents.errors import ConfigError, Unavailable
+from es_agents.retry import retrying
+from es_agents.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+# The log is the system of record: nothing in it may ever expire.
+FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
+
+
+def ensure_topics(
+    settings: KafkaSettings, timeout: float = 30.0, fix_retention: bool = False
+) -> dict[str, int]:
+    """Create the commands, events and DLQ topics that are missing (retention
+    forever, replication and ``min.insync.replicas`` from settings), and check the
+    ones that exist: commands and events must have the same partition count, and no
+    topic may expire records. Returns each topic's partition count.
+
+    The partition count of an existing topic is the topic's own; the configured one
+    only applies when creating.
+    """
+    admin = AdminClient(_client(settings.to_librdkafka()))
+    topics = [settings.commands_topic, settings.events_topic, settings.dlq_topic]
+    try:
+        existing = admin.list_topics(timeout=timeout).topics
+    except KafkaException as e:
+        raise Unavailable(f"kafka at {settings.bootstrap_servers}: {e}") from e
+    config = {
+        **FOREVER,
+        "min.insync.replicas": str(settings.min_insync_replicas),
+    }
+    missing = [
+        NewTopic(
+            t,
+            num_partitions=settings.partitions,
+            replication_factor=settings.replication_factor,
+            config=config,
+        )
+        for t in topics
+        if t not in existing
+    ]
+    if missing:
+        for topic, future in admin.create_topics(
+            missing, request_timeout=timeout
+        ).items():
+            try:
+                future.result(timeout)
+            except KafkaException as e:
+                if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                    raise Unavailable(f"cannot create topic {topic}: {e}") from e
+        existing = _wait_for_leaders(admin, topics, timeout)
+    counts = {t: len(existing[t].partitions) for t in topics if t in existing}
+    commands, events = settings.commands_topic, settings.events_topic
+    if counts.get(commands) != counts.get(events):
+        raise ConfigError(
+            f"{commands} has {counts.get(commands)} partitions and {events} has "
+            f"{counts.get(events)}: a run's commands and events must share a partition"
+        )
+    _check_retention(admin, topics, timeout, fix_retention)
+    return counts
+
+
+def _check_retention(
+    admin: AdminClient, topics: list[str], timeout: float, fix: bool
+) -> None:
+    """Refuse topics that would expire records (or make them keep everything)."""
+    resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
+    finite: dict[str, dict[str, str]] = {}
+    try:
+        for resource, future in admin.describe_configs(
+            resources, request_timeout=timeout
+        ).items():
+            entries = future.result(timeout)
+            wrong = {
+                k: str(entries[k].value)
+                for k, v in FOREVER.items()
+                if k in entries and str(entries[k].value) != v
+            }
+            if wrong:
+                finite[resource.name] = wrong
+    except KafkaException as e:
+        raise Unavailable(f"cannot read topic configs: {e}") from e
+    if not finite:
+        return
+    if fix:
+        alter = [
+            ConfigResource(
+                ResourceType.TOPIC,
+                topic,
+                incremental_configs=[
+                    ConfigEntry(k, v, incremental_operation=AlterConfigOpType.SET)
+                    for k, v in FOREVER.items()
+                ],
+            )
+            for topic in finite
+        ]
+        try:
+            for future in admin.incremental_alter_configs(alter).values():
+                future.result(timeout)
+        except KafkaException as e:
+            raise Unavailable(f"cannot change topic retention: {e}") from e
+        log.warning("topics %s now keep every record", ", ".join(sorted(finite)))
+        return
+    detail = "; ".join(
+        f"{t}: {', '.join(f'{k}={v}' for k, v in c.items())}"
+        for t, c in sorted(finite.items())
+    )
+    raise ConfigError(
+        f"topics would expire records ({detail}). The log is the system of record: "
+        "its topics must keep every record (retention.ms=-1, retention.bytes=-1). "
+        "Fix with `es-agents topics --fix-retention` (or kafka-configs.sh --alter "
+        "--entity-type topics --entity-name TOPIC --add-config "
+        "retention.ms=-1,retention.bytes=-1)."
+    )
+
+
+def _wait_for_leaders(admin: AdminClient, topics: list[str], timeout: float) -> Any:
+    """New topics are usable once every partition has a leader in the metadata;
+    polled by the retry policy for up to ``timeout`` seconds."""
+
+    def metadata() -> Any:
+        existing = admin.list_topics(timeout=timeout).topics
+        ready = all(
+            t in existing
+            and existing[t].partitions
+            and all(
+                p.leader >= 0 and p.error is None
+                for p in existing[t].partitions.values()
+            )
+            for t in topics
+        )
+        if not ready:
+            raise _NotYetKnown(f"topics {topics} have partitions without a leader")
+        return existing
+
+    try:
+        for tried in retrying(
+            1000, on=(_NotYetKnown,), initial=0.05, maximum=0.2, within=timeout
+        ):
+            with tried:
+                return metadata()
+    except _NotYetKnown:
+        pass
+    return admin.list_topics(timeout=timeout).topics  # the caller checks what is there

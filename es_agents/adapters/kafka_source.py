@@ -1,0 +1,173 @@
+"""A consumer-group member on one Kafka topic (the ``Subscription`` port)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Generic, TypeVar, final
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+
+from es_agents.adapters.kafka import (
+    _REBALANCING,
+    _client,
+    consume_now,
+    to_record,
+    where,
+)
+from es_agents.dead_letters import DeadLetterQueue
+from es_agents.errors import DecodeError, Unavailable
+from es_agents.ports import OnAssign, OnRevoke, Received
+from es_agents.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@final
+class KafkaSource(Generic[T]):
+    """A consumer-group member that yields decoded messages and dead-letters the rest.
+
+    A message that does not decode is written to the DLQ (and acknowledged there)
+    before the source moves past it, so nothing is lost and nothing stalls the
+    partition. Offsets are committed only by ``commit``, after the caller acted.
+    """
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        topic: str,
+        group_id: str,
+        decode: Callable[[bytes], T],
+        dlq: DeadLetterQueue,
+        *,
+        on_assign: OnAssign | None = None,
+        on_revoke: OnRevoke | None = None,
+        instance_id: str | None = None,
+    ) -> None:
+        self.topic = topic
+        self._decode: Callable[[bytes], T] = decode
+        self._dlq = dlq
+        conf = {**settings.consumer_config(group_id), "enable.partition.eof": True}
+        if instance_id:
+            conf["group.instance.id"] = instance_id
+        self._consumer = Consumer(_client(conf))
+        self._at_end: set[int] = set()
+        self._skipped: list[tuple[int, int]] = []
+        self._on_assign = on_assign
+        self._on_revoke = on_revoke
+        self._consumer.subscribe(
+            [topic],
+            on_assign=self._assigned,
+            on_revoke=self._revoked,
+            on_lost=self._revoked,
+        )
+        self.dead_lettered = 0
+
+    def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._at_end -= {p.partition for p in partitions}
+        if self._on_assign is None:
+            return
+        starts = self._on_assign([p.partition for p in partitions])
+        if starts is None:
+            return  # from the group's committed offsets
+        for tp in partitions:
+            tp.offset = starts.get(tp.partition, OFFSET_BEGINNING)
+        protocol = consumer.rebalance_protocol()  # type: ignore[attr-defined]
+        if protocol == "COOPERATIVE":
+            consumer.incremental_assign(partitions)
+        else:
+            consumer.assign(partitions)
+
+    def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._on_revoke is not None:
+            self._on_revoke([p.partition for p in partitions])
+
+    def poll(self, timeout: float = 1.0, max_messages: int = 500) -> list[Received[T]]:
+        out: list[Received[T]] = []
+        for msg in consume_now(self._consumer, max_messages, timeout):
+            err = msg.error()
+            if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                self._at_end.add(where(msg)[1])
+                continue
+            if err is not None:
+                if err.fatal():
+                    raise Unavailable(f"{self.topic}: fatal consumer error: {err}")
+                log.warning("%s: consumer error: %s", self.topic, err)
+                continue
+            self._at_end.discard(where(msg)[1])
+            try:
+                message = self._decode(msg.value() or b"")
+            except DecodeError as e:
+                self._dlq.send(to_record(msg), str(e))
+                self.dead_lettered += 1
+                self._mark(msg)
+                self._skipped.append(where(msg)[1:])
+                continue
+            key = msg.key()
+            out.append(
+                Received(
+                    message,
+                    *where(msg),
+                    key.decode(errors="replace") if isinstance(key, bytes) else key,
+                )
+            )
+            self._mark(msg)
+        return out
+
+    def _mark(self, msg: Message) -> None:
+        topic, partition, offset = where(msg)
+        self._consumer.store_offsets(
+            offsets=[TopicPartition(topic, partition, offset + 1)]
+        )
+
+    def caught_up(self) -> bool:
+        """True when assigned and every assigned partition was read to its end
+        (librdkafka's partition-EOF events, so this asks the broker nothing)."""
+        assignment = {tp.partition for tp in self._consumer.assignment()}
+        return bool(assignment) and assignment <= self._at_end
+
+    def drain_skipped(self) -> list[tuple[int, int]]:
+        """(partition, offset) of messages dead-lettered since the last call."""
+        skipped, self._skipped = self._skipped, []
+        return skipped
+
+    def commit_offsets(self, offsets: Mapping[int, int]) -> bool:
+        """Commit next offsets per partition (the caller tracks what was applied).
+
+        False when the group moved on (a rebalance: the partition's next owner reads
+        those messages again, and applying a command twice is a no-op): that is
+        routine. Any other failure (the coordinator or the broker out of reach)
+        raises ``Unavailable``: crash-only, the process restarts with new clients.
+        """
+        try:
+            self._consumer.commit(
+                offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
+                asynchronous=False,
+            )
+        except KafkaException as e:
+            err: KafkaError = e.args[0]
+            if err.code() in _REBALANCING:
+                log.info("%s: offsets not committed (%s)", self.topic, err)
+                return False
+            raise Unavailable(f"{self.topic}: commit failed: {err}") from e
+        return True
+
+    def commit(self) -> None:
+        """Commit what ``poll`` handed out (and dead-lettered) so far."""
+        try:
+            self._consumer.commit(asynchronous=False)
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError._NO_OFFSET:
+                raise Unavailable(f"{self.topic}: commit failed: {e}") from e
+
+    def close(self) -> None:
+        self._consumer.close()

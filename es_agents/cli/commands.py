@@ -1,0 +1,191 @@
+"""Commands to runs: ``start``, ``approve``, ``reject``, ``provide-input``,
+``cancel``; each prints what became of it (applied, refused, queued)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING
+
+import click
+
+from es_agents.cli.base import F, cli, echo_json
+
+if TYPE_CHECKING:
+    from es_agents.client import Client, CommandResult
+    from es_agents.core import Command
+
+
+def client() -> Client:
+    from es_agents.client import Client  # noqa: PLC0415
+
+    return Client()
+
+
+def wait_options(fn: F) -> F:
+    """--wait / --no-wait: how long to wait for the worker's verdict."""
+    fn = click.option(
+        "--no-wait",
+        is_flag=True,
+        help="Do not wait for the worker's verdict (the command is queued).",
+    )(fn)
+    return click.option(
+        "--wait",
+        "wait_seconds",
+        type=float,
+        default=10.0,
+        show_default=True,
+        help="Seconds to wait for the worker's verdict.",
+    )(fn)
+
+
+def _report(result: CommandResult, as_json: bool, quiet_applied: bool = False) -> None:
+    """Print a command's fate; exit 1 when it was refused."""
+    if as_json:
+        echo_json(
+            {
+                "command": result.command.wire_name,
+                "command_id": result.command.command_id,
+                "run_id": result.run_id,
+                "status": result.status,
+                "reason": result.reason,
+            }
+        )
+    elif not (quiet_applied and result.status == "applied"):
+        what = f"{result.command.wire_name} {result.run_id}: {result.status}"
+        click.echo(what + (f" ({result.reason})" if result.reason else ""), err=True)
+    if result.status == "refused":
+        sys.exit(1)
+
+
+@cli.command("start")
+@click.argument("agent")
+@click.option(
+    "--input",
+    "input_json",
+    default="{}",
+    show_default=True,
+    help="The run's input as JSON.",
+)
+@click.option("--run-id", default=None, help="Default: a new UUID.")
+@wait_options
+@click.option("--json", "as_json", is_flag=True)
+def start_run(  # noqa: PLR0917 - click passes options positionally
+    agent: str,
+    input_json: str,
+    run_id: str | None,
+    wait_seconds: float,
+    no_wait: bool,
+    as_json: bool,
+) -> None:
+    """Start a run of AGENT; prints the run id, then what became of the start."""
+    _require_json(input_json, "--input")
+    with client() as c:
+        result = c.start(agent, input_json, run_id, wait=0 if no_wait else wait_seconds)
+    if not as_json and result.status != "refused":
+        click.echo(result.run_id)
+    _report(result, as_json, quiet_applied=True)
+
+
+def _require_json(text: str, option: str) -> None:
+    try:
+        json.loads(text)
+    except ValueError as e:
+        raise click.BadParameter(f"not JSON: {e}", param_hint=option) from e
+
+
+def _decide(
+    command: Command, wait_seconds: float, no_wait: bool, as_json: bool
+) -> None:
+    with client() as c:
+        result = c.send(command, wait=0 if no_wait else wait_seconds)
+    _report(result, as_json)
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--by", required=True, help="Who approves.")
+@click.option("--gate", default=None, help="Approve a named gate ahead of time.")
+@click.option("--comment", default=None)
+@wait_options
+@click.option("--json", "as_json", is_flag=True)
+def approve(  # noqa: PLR0917 - click passes options positionally
+    run_id: str,
+    by: str,
+    gate: str | None,
+    comment: str | None,
+    wait_seconds: float,
+    no_wait: bool,
+    as_json: bool,
+) -> None:
+    """Approve the gate RUN waits at (or --gate, ahead of time)."""
+    from es_agents.core.commands import Approve  # noqa: PLC0415
+
+    command = Approve(run_id=run_id, by=by, gate=gate, comment=comment)
+    _decide(command, wait_seconds, no_wait, as_json)
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--by", required=True, help="Who rejects.")
+@click.option("--gate", default=None, help="Reject a named gate ahead of time.")
+@click.option("--reason", default=None)
+@wait_options
+@click.option("--json", "as_json", is_flag=True)
+def reject(  # noqa: PLR0917 - click passes options positionally
+    run_id: str,
+    by: str,
+    gate: str | None,
+    reason: str | None,
+    wait_seconds: float,
+    no_wait: bool,
+    as_json: bool,
+) -> None:
+    """Reject the gate RUN waits at (or --gate, ahead of time)."""
+    from es_agents.core.commands import Reject  # noqa: PLC0415
+
+    command = Reject(run_id=run_id, by=by, gate=gate, reason=reason)
+    _decide(command, wait_seconds, no_wait, as_json)
+
+
+@cli.command("provide-input")
+@click.argument("run_id")
+@click.option("--by", required=True)
+@click.option("--input", "input_json", required=True, help="JSON.")
+@wait_options
+@click.option("--json", "as_json", is_flag=True)
+def provide_input(  # noqa: PLR0917 - click passes options positionally
+    run_id: str,
+    by: str,
+    input_json: str,
+    wait_seconds: float,
+    no_wait: bool,
+    as_json: bool,
+) -> None:
+    """Give RUN the input it waits for (or settle an uncertain effect's result)."""
+    from es_agents.core.commands import ProvideInput  # noqa: PLC0415
+
+    _require_json(input_json, "--input")
+    command = ProvideInput(run_id=run_id, by=by, input_json=input_json)
+    _decide(command, wait_seconds, no_wait, as_json)
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--by", required=True)
+@click.option("--reason", default=None)
+@wait_options
+@click.option("--json", "as_json", is_flag=True)
+def cancel(  # noqa: PLR0917 - click passes options positionally
+    run_id: str,
+    by: str,
+    reason: str | None,
+    wait_seconds: float,
+    no_wait: bool,
+    as_json: bool,
+) -> None:
+    """Stop RUN for good (status cancelled)."""
+    from es_agents.core.commands import Cancel  # noqa: PLC0415
+
+    command = Cancel(run_id=run_id, by=by, reason=reason)
+    _decide(command, wait_seconds, no_wait, as_json)

@@ -1,0 +1,190 @@
+"""Looking at runs: ``status``, ``runs``, ``replay``, ``schemas``. Read commands
+never change the database (no migrations)."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+import click
+
+from es_agents.cli.base import cli, echo_json, table
+from es_agents.cli.commands import client
+
+if TYPE_CHECKING:
+    from es_agents.core import RunState
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per event.")
+@click.option(
+    "--record",
+    "record_to",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the run's raw events and final state to this file "
+    "(a recorded history for tests/histories/).",
+)
+def replay(run_id: str, as_json: bool, record_to: str | None) -> None:
+    """Read a run's events from the log (an audit) and print the folded state."""
+    from es_agents.app import build_client_ports  # noqa: PLC0415
+    from es_agents.core import replay as fold_all  # noqa: PLC0415
+    from es_agents.settings import load_settings  # noqa: PLC0415
+
+    # Payloads are read back and hash-checked by the claim check.
+    ports = build_client_ports(load_settings())
+    try:
+        events = ports.log.read_run(run_id)
+    finally:
+        ports.close()
+    if not events:
+        raise click.ClickException(f"no events for run {run_id}")
+    for event in events:
+        if as_json:
+            echo_json({"type": event.wire_name, **event.model_dump(mode="json")})
+        else:
+            click.echo(
+                f"{event.seq:>5} step {event.step:>4}  {event.wire_name:<22} "
+                f"{event.at:%H:%M:%S.%f}"[:-3]
+            )
+    state = fold_all(events)
+    if record_to is not None:
+        import base64  # noqa: PLC0415
+        import json as json_module  # noqa: PLC0415
+        from pathlib import Path  # noqa: PLC0415
+
+        from es_agents.codec import AvroCodec  # noqa: PLC0415
+        from es_agents.core.snapshot import to_snapshot  # noqa: PLC0415
+
+        codec = AvroCodec()
+        history = {
+            "run_id": run_id,
+            "events": [base64.b64encode(codec.encode(e)).decode() for e in events],
+            "final": to_snapshot(state),
+        }
+        Path(record_to).write_text(json_module.dumps(history, indent=1) + "\n")
+    if not as_json:
+        click.echo(f"status={state.status} step={state.step} events={state.seq + 1}")
+
+
+def _summary(state: RunState) -> dict[str, object]:
+    waiting = state.waiting
+    return {
+        "run_id": state.run_id,
+        "agent": state.agent,
+        "status": state.status,
+        "step": state.step,
+        "events": state.seq + 1,
+        "waiting": waiting.reason if waiting else None,
+        "gate": waiting.gate if waiting else None,
+        "wake_at": waiting.wake_at if waiting else None,
+        "pending": type(state.pending).__name__ if state.pending else None,
+        "model_calls": state.model_calls,
+        "model_attempts": state.model_attempts,
+        "tool_calls": state.tool_calls,
+        "reconciled_calls": state.reconciled_calls,
+        "tokens": state.prompt_tokens + state.completion_tokens,
+        "output": state.output_json,
+        "error": state.error,
+        "started_at": state.started_at,
+        "updated_at": state.updated_at,
+        "last_gate": state.last_gate,
+        "versions": {
+            "agent_version": state.versions.agent_version,
+            "code_revision": state.versions.code_revision,
+            "prompt_hash": state.versions.prompt_hash,
+            "model_id": state.versions.model_id,
+            "tools_hash": state.versions.tools_hash,
+            "reducer_version": state.versions.reducer_version,
+        },
+    }
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--json", "as_json", is_flag=True)
+def status(run_id: str, as_json: bool) -> None:
+    """A run's status, step, what it waits for, its versions, and the commands
+    refused for it. A run whose start waits for a worker is ``pending``.
+
+    Read like a worker resumes it: the latest snapshot in Postgres, the projected
+    events after it, and the log beyond the projector's offset.
+    """
+    with client() as c:
+        view = c.status(run_id)
+    summary: dict[str, object] = (
+        _summary(view.state)
+        if view.state is not None
+        else {"run_id": run_id, "agent": view.agent, "status": view.status}
+    )
+    if view.refused:
+        summary["refused_commands"] = [
+            {"command": v.type, "command_id": v.command_id, "reason": v.reason}
+            for v in view.refused
+        ]
+    if view.dead_letters:
+        summary["dead_letters"] = [
+            {"topic": t, "partition": p, "offset": o, "reason": r}
+            for t, p, o, r in view.dead_letters
+        ]
+    if view.loaded_from:
+        summary["loaded_from"] = view.loaded_from
+    if view.payload_problem:
+        summary["payload_problem"] = view.payload_problem
+    if as_json:
+        echo_json(summary)
+        return
+    for key, value in summary.items():
+        if value not in (None, "", {}, []):
+            click.echo(f"{key:>16}: {value}")
+
+
+@cli.command()
+@click.option(
+    "--status",
+    "status_filter",
+    type=click.Choice(
+        ["running", "paused", "blocked", "completed", "failed", "cancelled"]
+    ),
+)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--limit", type=int, default=1000, show_default=True)
+def runs(status_filter: str | None, as_json: bool, limit: int) -> None:
+    """Runs from the `runs` table (as of the projector), optionally by status."""
+    with client() as c:
+        rows = c.runs(status_filter, limit)
+    if as_json:
+        for row in rows:
+            echo_json(row)
+        return
+    names = list(rows[0]) if rows else ["run_id", "agent", "status"]
+    table(rows, names)
+
+
+@cli.group()
+def schemas() -> None:
+    """The Avro schemas in schemas/."""
+
+
+@schemas.command("check")
+@click.option(
+    "--dir",
+    "directory",
+    type=click.Path(file_okay=False),
+    default=None,
+    help="Default: the schemas/ of this installation.",
+)
+def schemas_check(directory: str | None) -> None:
+    """Fail when a schema cannot read what an earlier version of it wrote."""
+    from pathlib import Path  # noqa: PLC0415
+
+    from es_agents.codec import SCHEMAS_DIR  # noqa: PLC0415
+    from es_agents.schemas import check  # noqa: PLC0415
+
+    problems = check(Path(directory) if directory else SCHEMAS_DIR)
+    for problem in problems:
+        click.echo(f"incompatible: {problem}", err=True)
+    if problems:
+        sys.exit(1)
+    click.echo("schemas: every version reads its earlier versions")

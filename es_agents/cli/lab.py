@@ -1,0 +1,132 @@
+"""Lab commands: ``bench ...`` and ``demo`` (code in ``es_agents.lab``)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from es_agents.cli.base import cli
+
+
+@cli.group()
+def bench() -> None:
+    """Benchmarks that print figures (medians and ratios from one run)."""
+
+
+@bench.command("steps")
+@click.option("--steps", type=int, default=1000, show_default=True)
+def bench_steps_command(steps: int) -> None:
+    """Per-step cost of the protocol vs raw produce+flush, and log bytes per step."""
+    import logging  # noqa: PLC0415
+
+    from es_agents.lab.bench import bench_steps  # noqa: PLC0415
+
+    logging.getLogger("es_agents.worker").setLevel(logging.WARNING)
+    bench_steps(steps, click.echo)
+
+
+@bench.command("resume")
+@click.option("--lengths", default="10,1000,10000,100000", show_default=True)
+@click.option("--repeats", type=int, default=7, show_default=True)
+@click.option("-k", "--snapshot-every", "k", type=int, default=100, show_default=True)
+def bench_resume_command(lengths: str, repeats: int, k: int) -> None:
+    """Resume time (command to next step) for runs of very different lengths."""
+    import logging  # noqa: PLC0415
+
+    from es_agents.lab.bench import bench_resume  # noqa: PLC0415
+
+    logging.getLogger("es_agents.worker").setLevel(logging.WARNING)
+    logging.getLogger("projectors.runs").setLevel(logging.WARNING)
+    bench_resume([int(n) for n in lengths.split(",")], repeats, k, click.echo)
+
+
+@bench.command("projector")
+@click.option("--runs", type=int, default=50, show_default=True)
+@click.option("--seconds", type=float, default=10, show_default=True)
+def bench_projector_command(runs: int, seconds: float) -> None:
+    """Projection lag under load; projector vs bare consumer events/s."""
+    import logging  # noqa: PLC0415
+
+    from es_agents.lab.bench import bench_projector  # noqa: PLC0415
+
+    logging.getLogger("projectors.runs").setLevel(logging.WARNING)
+    bench_projector(runs, seconds, click.echo)
+
+
+@bench.command("commands")
+@click.option("--events", type=int, default=1_000_000, show_default=True)
+@click.option("--repeats", type=int, default=15, show_default=True)
+@click.option("--cli-repeats", type=int, default=3, show_default=True)
+def bench_commands_command(events: int, repeats: int, cli_repeats: int) -> None:
+    """Command latencies (client and CLI) on a small and on a large topic."""
+    import logging  # noqa: PLC0415
+
+    from es_agents.lab.bench_commands import bench_commands  # noqa: PLC0415
+
+    logging.getLogger("es_agents.worker").setLevel(logging.WARNING)
+    logging.getLogger("es_agents.run_loop").setLevel(logging.WARNING)
+    logging.getLogger("projectors.runs").setLevel(logging.WARNING)
+    bench_commands(events, repeats, cli_repeats, click.echo)
+
+
+@bench.command("chaos")
+@click.option("--minutes", type=float, default=15, show_default=True)
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--workers", type=int, default=2, show_default=True)
+@click.option("--partitions", type=int, default=4, show_default=True)
+@click.option("--concurrency", type=int, default=30, show_default=True)
+@click.option(
+    "--mean-gap",
+    type=float,
+    default=9.0,
+    show_default=True,
+    help="Mean seconds between faults.",
+)
+@click.option(
+    "--heal-seconds",
+    type=float,
+    default=180,
+    show_default=True,
+    help="Longest the heal phase may take before unsettled runs are violations.",
+)
+def bench_chaos_command(  # noqa: PLR0917 - click passes options positionally
+    minutes: float,
+    seed: int,
+    workers: int,
+    partitions: int,
+    concurrency: int,
+    mean_gap: float,
+    heal_seconds: float,
+) -> None:
+    """Seeded faults on the dev stack, then invariant checks (exit 1 on a violation)."""
+    import logging  # noqa: PLC0415
+
+    from es_agents.lab.chaos.harness import ChaosConfig, bench_chaos  # noqa: PLC0415
+
+    logging.basicConfig(level=logging.WARNING)
+    # The broker going away is the point here: its clients' complaints are not news.
+    logging.getLogger("es_agents.librdkafka").setLevel(logging.CRITICAL)
+    report = bench_chaos(
+        ChaosConfig(
+            minutes=minutes,
+            seed=seed,
+            workers=workers,
+            partitions=partitions,
+            concurrency=concurrency,
+            mean_gap=mean_gap,
+            heal_seconds=heal_seconds,
+        ),
+        click.echo,
+    )
+    if report["violations"]:
+        sys.exit(1)
+
+
+@cli.command()
+def demo() -> None:
+    """The research agent through an approval gate and a worker crash (real stack)."""
+    from es_agents.lab.demo import run_demo  # noqa: PLC0415
+
+    if not run_demo(echo=click.echo):
+        sys.exit(1)

@@ -1,0 +1,144 @@
+"""Partition ownership: the fencing token and the fenced writer of each partition
+this worker owns, and which runs to resume when it gains one.
+
+On assignment the worker takes the partition's next epoch (its fencing token, passed
+to tools) and builds the store's fenced writer for it; the writer of a previous owner
+is fenced from then on. On revocation the writers close, so a loop still running for
+that partition can append nothing more.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+
+from es_agents.core.events import Event
+from es_agents.core.fold import fold
+from es_agents.core.state import RunState
+from es_agents.errors import DecodeError, EsAgentsError, FencedError
+from es_agents.ports import EventLog, PartitionWriter, Projections, WriterFactory
+
+log = logging.getLogger(__name__)
+
+
+class Ownership:
+    def __init__(
+        self, group: str, projections: Projections, make_writer: WriterFactory
+    ) -> None:
+        self.group = group
+        self._projections = projections
+        self._make_writer = make_writer
+        self._lock = threading.Lock()
+        self._writers: dict[int, PartitionWriter] = {}
+        self._epochs: dict[int, int] = {}
+
+    def assign(self, partitions: Iterable[int]) -> None:
+        for partition in partitions:
+            epoch = self._projections.next_epoch(self.group, partition)
+            writer = self._make_writer(self.group, partition, epoch)  # fences the last
+            with self._lock:
+                self._epochs[partition] = epoch
+                self._writers[partition] = writer
+
+    def revoke(self, partitions: Iterable[int]) -> None:
+        with self._lock:
+            writers = [self._writers.pop(p) for p in partitions if p in self._writers]
+            for partition in partitions:
+                self._epochs.pop(partition, None)
+        for writer in writers:
+            writer.close()
+
+    def close(self) -> None:
+        with self._lock:
+            partitions = list(self._writers)
+        self.revoke(partitions)
+
+    def writer(self, partition: int) -> PartitionWriter:
+        with self._lock:
+            writer = self._writers.get(partition)
+        if writer is None:
+            raise FencedError(f"partition {partition} is not owned by this worker")
+        return writer
+
+    def epoch(self, partition: int) -> int:
+        epoch = self.current_epoch(partition)
+        if epoch is None:
+            raise FencedError(f"partition {partition} is not owned by this worker")
+        return epoch
+
+    def current_epoch(self, partition: int) -> int | None:
+        with self._lock:
+            return self._epochs.get(partition)
+
+    def committed_end(self, partition: int) -> int:
+        """The offset after this worker's last append on the partition (0: none)."""
+        with self._lock:
+            writer = self._writers.get(partition)
+        return writer.committed_end if writer is not None else 0
+
+
+def runs_to_resume(
+    log_: EventLog,
+    projections: Projections,
+    events_topic: str,
+    partition: int,
+    agent: str,
+) -> list[str]:
+    """The runs of ``agent`` that were running when the partition was last owned.
+
+    With a projection: the runs the projection says are running, plus every run with
+    events past the projector's offset (each loads in O(K) and stops at once if it is
+    not running). Without one: fold the whole partition.
+    """
+    projected = projections.projected_until(partition)
+    if projected > 0:
+        candidates = projections.running(partition, agent)
+        for record in log_.read_partition(events_topic, partition, projected):
+            if record.key is not None:
+                candidates.add(record.key)
+        return sorted(candidates)
+    states: dict[str, RunState] = {}
+    for record in log_.read_partition(events_topic, partition):
+        try:
+            event = log_.decode_event(record.value)
+        except DecodeError as e:
+            log.error(  # noqa: TRY400 - the reason is in the message
+                "%s[%d]: skipping undecodable event: %s", events_topic, partition, e
+            )
+            continue
+        state = states.get(event.run_id)
+        if state is None:
+            state = states[event.run_id] = RunState(run_id=event.run_id)
+        try:
+            fold(state, event)
+        except EsAgentsError as e:
+            log.error(  # noqa: TRY400 - the reason is in the message
+                "%s[%d]: run %s does not fold: %s",
+                events_topic,
+                partition,
+                event.run_id,
+                e,
+            )
+            state.status = "failed"  # quarantined when a command comes
+    return [
+        s.run_id
+        for s in states.values()
+        if s.status in ("running", "blocked") and s.agent == agent
+    ]
+
+
+class LogWriter:
+    """Unfenced appends straight to the log (``ES_AGENTS_FENCING=none``)."""
+
+    def __init__(self, log_: EventLog) -> None:
+        self._log = log_
+        self.committed_end = 0
+
+    def append(self, events: list[Event] | tuple[Event, ...]) -> None:
+        positions = self._log.append(events)
+        if positions:
+            self.committed_end = max(self.committed_end, positions[-1].offset + 1)
+
+    def close(self) -> None:
+        pass
