@@ -33,7 +33,7 @@ from es_agents.errors import ConfigError, DecodeError, EncodeError
 
 SINGLE_OBJECT_MAGIC = b"\xc3\x01"
 CONFLUENT_MAGIC = b"\x00"
-SCHEMAS_DIR = Path(__file__).resolve().parent.parent / "schemas"
+SCHEMAS_DIR = Path(__file__).resolve().parent / "schemas"  # shipped in the wheel
 _FILE_NAME = re.compile(r"^(?P<wire>[a-z][a-z0-9_]*)\.v(?P<version>[1-9][0-9]*)\.avsc$")
 
 Kind = Literal["events", "commands"]

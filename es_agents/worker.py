@@ -218,6 +218,7 @@ class Worker:
             self.tracker.committed(offsets)
 
     def close(self) -> None:
+        self._stop.set()
         with self._lock:
             for actor in self._actors.values():
                 actor.stopping = True
@@ -319,6 +320,8 @@ class Worker:
 
     def _activate(self, actor: RunActor) -> None:
         with self._lock:
+            if self._stop.is_set():
+                return  # going down: the partition's next owner resumes it
             if actor.active:
                 actor.wake = True
                 return

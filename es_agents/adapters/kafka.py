@@ -165,12 +165,25 @@ class KafkaProducerLink:
         future: Future[Position] = Future()
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
+            # Runs on the poller thread: it must never raise, or no later
+            # acknowledgement would be served.
             if err is not None:
                 future.set_exception(
                     AppendError(f"{topic} key {key}: not acknowledged: {err}")
                 )
-            else:
-                future.set_result(Position(*where(msg)))
+                return
+            # An acknowledgement of a batch retried across a broker restart may
+            # come without its offset (librdkafka reports it invalid): durable,
+            # position unknown (-1).
+            offset = msg.offset()
+            partition = msg.partition()
+            future.set_result(
+                Position(
+                    topic,
+                    partition if partition is not None else -1,
+                    offset if offset is not None else -1,
+                )
+            )
 
         while True:
             try:

@@ -180,7 +180,7 @@ def schemas_check(directory: str | None) -> None:
     from pathlib import Path  # noqa: PLC0415
 
     from es_agents.codec import SCHEMAS_DIR  # noqa: PLC0415
-    from es_agents.schemas import check  # noqa: PLC0415
+    from es_agents.schema_check import check  # noqa: PLC0415
 
     problems = check(Path(directory) if directory else SCHEMAS_DIR)
     for problem in problems:

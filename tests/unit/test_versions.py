@@ -17,7 +17,7 @@ from es_agents.core.versions import (
     VersionPolicy,
     gate,
 )
-from es_agents.schemas import check, readable
+from es_agents.schema_check import check, readable
 
 V1 = Versions(
     agent_version="a@1",

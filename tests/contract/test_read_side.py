@@ -1,0 +1,71 @@
+"""The effect ledger, timers and the command book on every store."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from es_agents.core.commands import Approve, StartRun
+from es_agents.errors import ConfigError
+from es_agents.ports import Decided, Ports
+
+
+def test_the_ledger_allows_one_call_per_key(ports: Ports) -> None:
+    ledger = ports.ledger
+    key = f"r-{uuid.uuid4().hex[:8]}:3"
+    assert ledger.get(key) is None
+    assert ledger.begin(key, "r", 3, "send").status == "new"
+    assert ledger.begin(key, "r", 3, "send").status == "started"  # a second caller
+    ledger.finish(key, '{"id": 1}', None)
+    done = ledger.begin(key, "r", 3, "send")
+    assert (done.status, done.result_json) == ("done", '{"id": 1}')
+    with pytest.raises(ConfigError):
+        ledger.finish(key, "{}", None)  # finished once
+    other = f"{key}x"
+    ledger.begin(other, "r", 4, "send")
+    ledger.release(other)  # provably not called: the owner may call it
+    assert ledger.get(other) is None
+
+
+def test_timers_fire_once_when_due(ports: Ports) -> None:
+    timers = ports.timers
+    now = datetime.now(UTC)
+    due, later = f"t-{uuid.uuid4().hex[:8]}", f"t-{uuid.uuid4().hex[:8]}"
+    timers.schedule(due, "run-1", now - timedelta(seconds=1))
+    timers.schedule(later, "run-2", now + timedelta(hours=1))
+    fired: list[str] = []
+    timers.fire_due(lambda t, r, at: fired.append(t))
+    timers.fire_due(lambda t, r, at: fired.append(t))
+    assert due in fired
+    assert fired.count(due) == 1
+    assert later not in fired
+    found = timers.get(due)
+    assert found is not None
+    assert found[1] is not None
+    timers.schedule(due, "run-1", now - timedelta(seconds=1))  # armed again
+    timers.fire_due(lambda t, r, at: fired.append(t))
+    assert fired.count(due) == 2
+
+
+def test_verdicts_applied_are_final_and_starts_are_unique(ports: Ports) -> None:
+    book = ports.book
+    run_id = f"r-{uuid.uuid4().hex[:8]}"
+    start = StartRun(run_id=run_id, agent="a")
+    assert book.reserve_start(start, run_exists=False) is None
+    assert book.reserve_start(start, run_exists=False) is None  # the same command
+    other = StartRun(run_id=run_id, agent="a")
+    assert "already pending" in (book.reserve_start(other, run_exists=False) or "")
+    approve = Approve(run_id=run_id, by="p")
+    book.sent(approve)
+    book.decided([Decided(start, "applied"), Decided(approve, "applied")])
+    book.decided([Decided(approve, "refused", "late redelivery")])
+    verdict = book.verdict(approve.command_id)
+    assert verdict is not None
+    assert verdict.status == "applied"
+    assert {v.command_id for v in book.for_run(run_id)} == {
+        start.command_id,
+        approve.command_id,
+    }
+    assert "already exists" in (book.reserve_start(other, run_exists=False) or "")
