@@ -59,6 +59,9 @@ class KafkaSource(Generic[T]):
         conf = {**settings.consumer_config(group_id), "enable.partition.eof": True}
         if instance_id:
             conf["group.instance.id"] = instance_id
+        self._cooperative = "cooperative" in str(
+            conf.get("partition.assignment.strategy", "")
+        )
         self._consumer = Consumer(_client(conf))
         self._at_end: set[int] = set()
         self._skipped: list[tuple[int, int]] = []
@@ -81,8 +84,7 @@ class KafkaSource(Generic[T]):
             return  # from the group's committed offsets
         for tp in partitions:
             tp.offset = starts.get(tp.partition, OFFSET_BEGINNING)
-        protocol = consumer.rebalance_protocol()  # type: ignore[attr-defined]
-        if protocol == "COOPERATIVE":
+        if self._cooperative:
             consumer.incremental_assign(partitions)
         else:
             consumer.assign(partitions)

@@ -184,6 +184,12 @@ class PostgresSource(Generic[T]):
 
     # -- reading --------------------------------------------------------------------
     def poll(self, timeout: float = 1.0, max_messages: int = 500) -> list[Received[T]]:
+        try:
+            return self._poll(timeout, max_messages)
+        except psycopg.OperationalError as e:  # the server went away: crash-only
+            raise Unavailable(f"postgres: {e}") from e
+
+    def _poll(self, timeout: float, max_messages: int) -> list[Received[T]]:
         now = time.monotonic()
         if now - self._last_beat > HEARTBEAT_SECONDS:
             self._beat()
@@ -230,11 +236,8 @@ class PostgresSource(Generic[T]):
         return out
 
     def _wait(self, timeout: float) -> None:
-        try:
-            for _ in self._listen.notifies(timeout=timeout, stop_after=1):
-                pass
-        except psycopg.OperationalError as e:
-            raise Unavailable(f"postgres: {e}") from e
+        for _ in self._listen.notifies(timeout=timeout, stop_after=1):
+            pass
 
     def caught_up(self) -> bool:
         return bool(self._positions) and set(self._positions) <= self._at_end

@@ -74,8 +74,7 @@ def test_reads_from_an_offset_and_by_partition(
 def test_a_stale_owner_cannot_append(ports: Ports, settings: Settings) -> None:
     """Invariant 7 on every store: once the partition has a new owner, the old
     owner's writer is refused, and only the owners' accepted events are read."""
-    if settings.fencing == "none":
-        pytest.skip("fencing is off")
+    assert settings.fencing == "transactions"  # the default
     run_id = f"r-{uuid.uuid4().hex[:8]}"
     partition = ports.log.partition_for(run_id)
     group = f"{settings.kafka.topic_prefix}.contract"

@@ -23,34 +23,35 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import threading
 import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
-import psycopg
-from confluent_kafka import Consumer, TopicPartition
+from pydantic import SecretStr
 
-from es_agents.adapters.kafka import KafkaEventLog, _client
-from es_agents.adapters.kafka_admin import ensure_topics
-from es_agents.codec import AvroCodec
+from es_agents.app import build_client_ports
 from es_agents.core import RunState, replay
-from es_agents.core.commands import Approve, Command, StartRun
-from es_agents.core.events import Event, ModelCallRequested, ModelResponded
-from es_agents.core.fold import fold
+from es_agents.core.commands import Approve, StartRun
+from es_agents.core.events import Event
 from es_agents.dev import DevStack
 from es_agents.errors import EsAgentsError
-from es_agents.lab.ack_journal import read_journal
 from es_agents.lab.chaos.agent import NAME
+from es_agents.lab.chaos.checks import (
+    check_acks,
+    check_model_calls,
+    check_projection,
+    print_report,
+)
 from es_agents.lab.chaos.effects import EffectsService
+from es_agents.lab.chaos.observers import Sender, Watcher
+from es_agents.lab.chaos.processes import Child
 from es_agents.lab.chaos.schedule import Fault, fault_schedule, fingerprint
-from es_agents.settings import KafkaSettings, load_settings
+from es_agents.settings import load_settings
 
 AGENT = "es_agents.lab.chaos.agent:agent"
 SETTLED_REASONS = ("uncertain_effect", "version_mismatch", "awaiting_input")
@@ -66,195 +67,6 @@ class ChaosConfig:
     heal_seconds: float = 180.0
     session_timeout_ms: int = 6000
     mean_gap: float = 9.0
-
-
-@dataclass
-class Child:
-    """A supervised process: started again whenever it exits."""
-
-    name: str
-    argv: list[str]
-    env: dict[str, str]
-    log: Path
-    popen: subprocess.Popen[bytes] | None = None
-    crash_at: str = ""  # armed crash point of the current process
-    killed: bool = False  # the harness killed the current process
-    paused: bool = False
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    exits: Counter[str] = field(default_factory=Counter)
-    next_start: float = 0.0
-    backoff: float = 0.5
-    started_at: float = 0.0
-
-    def start(self, crash_at: str = "") -> None:
-        env = {**self.env, "ES_AGENTS_CRASH_AT": crash_at}
-        with self.log.open("ab") as out:
-            self.popen = subprocess.Popen(
-                self.argv,
-                env=env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-        self.crash_at, self.killed = crash_at, False
-        self.started_at = time.monotonic()
-
-    def running(self) -> bool:
-        return self.popen is not None and self.popen.poll() is None
-
-    def signal(self, sig: signal.Signals) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.send_signal(sig)
-
-    def kill(self) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            self.killed = True
-            self.popen.send_signal(signal.SIGCONT)
-            self.popen.kill()
-            self.popen.wait(30)
-
-    def stop(self, timeout: float = 60) -> None:
-        if self.popen is not None and self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGCONT)
-            self.popen.terminate()
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-    def supervise(self) -> None:
-        """Record an exit and start the process again (with a growing backoff)."""
-        with self.lock:
-            if self.popen is None or self.paused or self.popen.poll() is None:
-                return
-            code = self.popen.returncode
-            if self.next_start == 0.0:
-                if self.killed:
-                    kind = "killed_by_chaos"
-                elif code == -signal.SIGKILL and self.crash_at:
-                    kind = "crash_point"
-                else:
-                    kind = f"exit_{code}"
-                self.exits[kind] += 1
-                ran = time.monotonic() - self.started_at
-                failing = kind == f"exit_{code}" and ran < 30
-                self.backoff = min(self.backoff * 2, 8) if failing else 0.5
-                self.next_start = time.monotonic() + self.backoff
-                return
-            if time.monotonic() >= self.next_start:
-                self.next_start = 0.0
-                self.start()
-
-
-class Watcher:
-    """Folds every run from the events topic as it is committed (read_committed)."""
-
-    def __init__(self, settings: KafkaSettings, codec: AvroCodec) -> None:
-        self.states: dict[str, RunState] = {}
-        self.errors: list[str] = []
-        self.lock = threading.Lock()
-        self._codec = codec
-        self._stop = threading.Event()
-        self._consumer = Consumer(
-            _client(
-                {
-                    "bootstrap.servers": settings.bootstrap_servers,
-                    "group.id": f"chaos-watch-{uuid.uuid4().hex[:8]}",
-                    "enable.auto.commit": False,
-                    "isolation.level": "read_committed",
-                }
-            )
-        )
-        self._consumer.assign(
-            [
-                TopicPartition(settings.events_topic, p, 0)
-                for p in range(settings.partitions)
-            ]
-        )
-        self._thread = threading.Thread(target=self._run, daemon=True, name="watcher")
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            for msg in self._consumer.consume(500, timeout=0.2):
-                if msg.error() is not None:
-                    continue
-                try:
-                    event = self._codec.decode_event(msg.value() or b"")
-                    with self.lock:
-                        state = self.states.get(event.run_id)
-                        if state is None:
-                            state = self.states[event.run_id] = RunState(
-                                run_id=event.run_id
-                            )
-                        fold(state, event)
-                except EsAgentsError as e:
-                    self.errors.append(f"{msg.partition()}@{msg.offset()}: {e}")
-
-    def snapshot(self) -> dict[str, tuple[str, str | None, int]]:
-        """run id -> (status, waiting reason, seq)."""
-        with self.lock:
-            return {
-                run_id: (
-                    s.status,
-                    s.waiting.reason if s.waiting else None,
-                    s.seq,
-                )
-                for run_id, s in self.states.items()
-            }
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
-        self._consumer.close()
-
-
-class Sender:
-    """Sends commands in order from a queue, retrying through broker outages."""
-
-    def __init__(self, settings: KafkaSettings) -> None:
-        self.acked: list[Command] = []
-        self._log = KafkaEventLog(settings)
-        self._queue: list[Command] = []
-        self._cond = threading.Condition()
-        self._stop = False
-        self._thread = threading.Thread(target=self._run, daemon=True, name="sender")
-        self._thread.start()
-
-    def send(self, command: Command) -> None:
-        with self._cond:
-            self._queue.append(command)
-            self._cond.notify()
-
-    @property
-    def pending(self) -> int:
-        with self._cond:
-            return len(self._queue)
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not self._queue and not self._stop:
-                    self._cond.wait()
-                if self._stop:
-                    return
-                command = self._queue[0]
-            try:
-                self._log.send(command)
-            except EsAgentsError:
-                time.sleep(0.5)  # the broker is down: the same command again
-                continue
-            with self._cond:
-                self._queue.pop(0)
-                self.acked.append(command)
-
-    def close(self) -> None:
-        with self._cond:
-            self._stop = True
-            self._cond.notify()
-        self._thread.join(60)
-        self._log.close()
 
 
 class Chaos:
@@ -274,6 +86,11 @@ class Chaos:
             config.seed, config.minutes * 60, config.workers, config.mean_gap
         )
         base = load_settings()
+        # On the Postgres store there is no broker to kill: its faults restart
+        # Postgres instead (the schedule stays the seed's).
+        self.store = base.store
+        if self.store == "memory":
+            raise EsAgentsError("bench chaos needs a store shared by processes")
         self.kafka = base.kafka.model_copy(
             update={
                 "topic_prefix": f"chaos-{self.uid}",
@@ -284,6 +101,13 @@ class Chaos:
         self.database = f"chaos_{self.uid}"
         self.database_url = (
             self.stack.dev.database_url.rsplit("/", 1)[0] + f"/{self.database}"
+        )
+        self.settings = base.model_copy(
+            update={
+                "kafka": self.kafka,
+                "database_url": SecretStr(self.database_url),
+                "ack_journal": None,
+            }
         )
         self.work = self.stack.dev.root / "chaos" / self.uid
         self.effects = EffectsService()
@@ -297,6 +121,7 @@ class Chaos:
     def _env(self) -> dict[str, str]:
         env = {
             **os.environ,
+            "ES_AGENTS_STORE": self.store,
             "ES_AGENTS_BOOTSTRAP_SERVERS": self.kafka.bootstrap_servers,
             "ES_AGENTS_TOPIC_PREFIX": self.kafka.topic_prefix,
             "ES_AGENTS_PARTITIONS": str(self.kafka.partitions),
@@ -340,7 +165,9 @@ class Chaos:
         config = self.config
         self.work.mkdir(parents=True, exist_ok=True)
         self.stack.postgres.create_database(self.database)
-        ensure_topics(self.kafka)
+        self.ports = build_client_ports(self.settings)
+        self.ports.migrate()
+        self.ports.ensure_topics()
         self.effects.start()
         self.workers, self.projector = self._children()
         children = [*self.workers, self.projector]
@@ -348,12 +175,15 @@ class Chaos:
             f"chaos seed {config.seed}: up to {len(self.schedule)} faults in "
             f"{config.minutes * 60:.0f} s (schedule {fingerprint(self.schedule)}), "
             f"{config.workers} workers, {config.partitions} partitions, "
-            f"{config.concurrency} concurrent runs; logs in {self.work}"
+            f"{config.concurrency} concurrent runs, {self.store} store; "
+            f"logs in {self.work}"
         )
         for child in children:
             child.start()
-        self.watcher = Watcher(self.kafka, AvroCodec())
-        self.sender = Sender(self.kafka)
+        self.watcher = Watcher(
+            self.ports.log, self.kafka.events_topic, self.kafka.partitions
+        )
+        self.sender = Sender(self.ports.log)
         try:
             self.t0 = time.monotonic()
             injector = threading.Thread(target=self._inject, daemon=True)
@@ -378,6 +208,7 @@ class Chaos:
                 child.stop()
             self.sender.close()
             self.watcher.close()
+            self.ports.close()
             self.effects.stop()
         if report["violations"]:
             self.echo(f"kept database {self.database} and the logs for inspection")
@@ -451,9 +282,12 @@ class Chaos:
             except Exception as e:  # a fault that could not be injected is reported
                 self.timeline.append(f"{at:7.1f}s {fault.kind} FAILED: {e}")
                 continue
-            self.injected[fault.kind] += 1
+            kind = fault.kind
+            if kind == "kill_broker" and self.store != "kafka":
+                kind = "restart_postgres"  # no broker: the store's server instead
+            self.injected[kind] += 1
             self.timeline.append(
-                f"{at:7.1f}s {fault.kind}"
+                f"{at:7.1f}s {kind}"
                 + (f" worker-{fault.worker}" if fault.worker >= 0 else "")
                 + (f" then {fault.crash_at}" if fault.crash_at else "")
                 + f" ({time.monotonic() - started:.1f} s)"
@@ -476,11 +310,11 @@ class Chaos:
             with worker.lock:
                 worker.signal(signal.SIGCONT)
                 worker.paused = False
-        elif fault.kind == "kill_broker":
+        elif fault.kind == "kill_broker" and self.store == "kafka":
             self.stack.kafka.kill(signal.SIGKILL)
             time.sleep(1.0)
             self.stack.kafka.start()
-        elif fault.kind == "restart_postgres":
+        elif fault.kind in ("restart_postgres", "kill_broker"):
             self.stack.postgres.stop()
             time.sleep(1.0)
             self.stack.postgres.start()
@@ -535,9 +369,9 @@ class Chaos:
         for key, count in self.effects.effects().items():
             if count > 1:
                 violations["duplicate_effect"].append(f"{key}: {count} effects")
-        acks = self._check_acks(runs, violations)
-        reissued = self._check_model_calls(runs, violations)
-        self._check_projection(states, runs, violations)
+        acks = check_acks(self.work, runs, violations)
+        reissued = check_model_calls(self.work, runs, violations)
+        check_projection(self.database_url, self.projector, states, runs, violations)
 
         outcomes: Counter[str] = Counter()
         for command in self.sender.acked:
@@ -562,6 +396,7 @@ class Chaos:
         steps = sum(s.step for s in states.values())
         event_count = sum(len(history) for history in runs.values())
         report: dict[str, Any] = {
+            "store": self.store,
             "seed": self.config.seed,
             "schedule": fingerprint(self.schedule),
             "fault_window_s": round(fault_seconds, 1),
@@ -584,166 +419,21 @@ class Chaos:
             "calls_refused_by_fencing_token": sum(self.effects.fenced.values()),
             "violations": {k: len(v) for k, v in violations.items()},
         }
-        self._print(report, violations)
+        print_report(self.echo, self.timeline, report, violations)
         return report
 
     def _read_log(self, violations: dict[str, list[str]]) -> dict[str, list[Event]]:
-        log = KafkaEventLog(self.kafka)
+        log = self.ports.log
         runs: dict[str, list[Event]] = defaultdict(list)
-        try:
-            for partition in range(self.kafka.partitions):
-                for msg in log.read_partition(self.kafka.events_topic, partition):
-                    try:
-                        event = log.codec.decode_event(msg.value)
-                    except EsAgentsError as e:
-                        violations["undecodable_event"].append(str(e))
-                        continue
-                    runs[event.run_id].append(event)
-        finally:
-            log.close()
-        return runs
-
-    def _check_acks(
-        self, runs: dict[str, list[Event]], violations: dict[str, list[str]]
-    ) -> int:
-        """Checks every journaled acknowledgement; returns how many there were."""
-        path = self.work / "acks.log"
-        if not path.exists():
-            return 0
-        ids = {(e.run_id, e.seq): e.event_id for es in runs.values() for e in es}
-        acks = 0
-        for acked in read_journal(path):
-            acks += 1
-            found = ids.get((acked.run_id, acked.seq))
-            if found != acked.event_id:
-                violations["lost_acknowledged_event"].append(
-                    f"{acked.run_id} seq {acked.seq}: acknowledged {acked.event_id}, "
-                    f"log has {found}"
-                )
-        return acks
-
-    def _check_model_calls(
-        self, runs: dict[str, list[Event]], violations: dict[str, list[str]]
-    ) -> int:
-        """Each issued call has a durable request; none follows a recorded response."""
-        requested: Counter[str] = Counter()
-        reissued = 0
-        for run_id, events in runs.items():
-            answered: set[str] = set()
-            pending: str | None = None
-            for event in events:
-                if isinstance(event, ModelCallRequested):
-                    if event.messages_hash in answered:
-                        violations["completion_reissued"].append(
-                            f"{run_id} seq {event.seq}: {event.messages_hash[:19]}"
-                        )
-                    requested[event.messages_hash] += 1
-                    reissued += event.attempt > 1
-                    pending = event.messages_hash
-                elif isinstance(event, ModelResponded) and pending is not None:
-                    answered.add(pending)
-                    pending = None
-        path = self.work / "model-calls.jsonl"
-        issued: Counter[str] = Counter()
-        if path.exists():
-            for line in path.read_text().splitlines():
+        for partition in range(self.kafka.partitions):
+            for record in log.read_partition(self.kafka.events_topic, partition):
                 try:
-                    issued[json.loads(line)["hash"]] += 1
-                except (ValueError, KeyError):
-                    continue  # a torn last line of a killed process
-        for digest, count in issued.items():
-            if count > requested[digest]:
-                violations["model_call_without_request"].append(
-                    f"{digest[:19]}: issued {count}, requested {requested[digest]}"
-                )
-        return reissued
-
-    def _check_projection(
-        self,
-        states: dict[str, RunState],
-        runs: dict[str, list[Event]],
-        violations: dict[str, list[str]],
-    ) -> None:
-        """The projection converges on the fold (the projector may still be behind
-        right after the heal: it gets 60 s)."""
-        want = {
-            run_id: (s.status, s.step, s.seq, s.waiting.reason if s.waiting else None)
-            for run_id, s in states.items()
-        }
-        counts = {run_id: len(events) for run_id, events in runs.items()}
-        self.projector.start()  # the projector was stopped with the workers
-        deadline = time.monotonic() + 60
-        mismatched: list[str] = []
-        try:
-            while True:
-                with psycopg.connect(self.database_url) as conn:
-                    rows = conn.execute(
-                        "SELECT r.run_id, r.status, r.step, r.last_seq, "
-                        "r.waiting_reason, (SELECT count(*) FROM run_events e "
-                        "WHERE e.run_id = r.run_id) FROM runs r"
-                    ).fetchall()
-                got = {r[0]: (r[1], r[2], r[3], r[4]) for r in rows}
-                got_counts = {r[0]: r[5] for r in rows}
-                mismatched = [
-                    f"{run_id}: projection {got.get(run_id)} "
-                    f"({got_counts.get(run_id)} events), "
-                    f"fold {fold_row} ({counts[run_id]} events)"
-                    for run_id, fold_row in want.items()
-                    if got.get(run_id) != fold_row
-                    or got_counts.get(run_id) != counts[run_id]
-                ]
-                extra = set(got) - set(want)
-                mismatched += [
-                    f"{run_id}: projected, not in the log" for run_id in extra
-                ]
-                if not mismatched or time.monotonic() > deadline:
-                    break
-                time.sleep(0.5)
-        finally:
-            self.projector.stop()
-        violations["projection_differs_from_fold"] += mismatched
-        if not mismatched:
-            violations.pop("projection_differs_from_fold")
-
-    def _print(self, report: dict[str, Any], violations: dict[str, list[str]]) -> None:
-        echo = self.echo
-        echo("\nfaults:")
-        for line in self.timeline:
-            echo(f"  {line}")
-        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(report["outcomes"].items()))
-        echo(f"\nruns: {report['runs']} ({outcomes})")
-        echo(
-            f"steps: {report['steps']} ({report['events']} events, "
-            f"{report['steps_per_s']} steps/s over the whole run)"
-        )
-        echo(
-            "faults injected: "
-            + ", ".join(f"{k} {v}" for k, v in sorted(self.injected.items()))
-            + f" (of {report['faults_scheduled']} scheduled)"
-        )
-        echo(
-            "process exits: "
-            + "; ".join(
-                f"{kind}: " + ", ".join(f"{how} {n}" for how, n in sorted(by.items()))
-                for kind, by in report["process_exits"].items()
-            )
-        )
-        echo(
-            f"effects: {report['effects']}; reconciled tool calls "
-            f"{report['reconciled_tool_calls']}; dangling model calls re-issued "
-            f"{report['dangling_model_calls_reissued']}; charge re-sends absorbed "
-            f"downstream {report['charge_resends_absorbed_downstream']}; "
-            "calls refused by fencing token "
-            f"{report['calls_refused_by_fencing_token']}; "
-            f"acknowledgements checked {report['acknowledgements_checked']}"
-        )
-        total = sum(len(v) for v in violations.values())
-        echo(f"violations: {total}")
-        for kind, items in violations.items():
-            echo(f"  {kind}: {len(items)}")
-            for item in items[:10]:
-                echo(f"    {item}")
-        echo(json.dumps(report, sort_keys=True))
+                    event = log.decode_event(record.value)
+                except EsAgentsError as e:
+                    violations["undecodable_event"].append(str(e))
+                    continue
+                runs[event.run_id].append(event)
+        return runs
 
 
 def _settled(state: tuple[str, str | None, int]) -> bool:
