@@ -21,13 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from es_agents import effects
+from es_agents import effects, model_steps
 from es_agents.core.commands import Approve, Command, FireTimer, Reject, StartRun
 from es_agents.core.events import (
     Event,
     Interrupted,
-    ModelCallRequested,
-    ModelResponded,
     RunCompleted,
     RunFailed,
     StatePatched,
@@ -47,7 +45,6 @@ from es_agents.core.step import (
     canonical_json,
     decide,
     pass_gate,
-    request_hash,
     start,
     timer_id,
 )
@@ -55,15 +52,10 @@ from es_agents.core.versions import StateMigration, VersionPolicy, fingerprint
 from es_agents.dead_letters import DeadLetterQueue
 from es_agents.errors import (
     AppendError,
-    ConfigError,
     EsAgentsError,
     FencedError,
-    ModelError,
-    RetryableToolError,
     RunError,
-    Unavailable,
 )
-from es_agents.models import Completion, ModelClient
 from es_agents.payloads import ClaimCheck
 from es_agents.ports import (
     CommandBook,
@@ -76,11 +68,9 @@ from es_agents.ports import (
     Timers,
 )
 from es_agents.resume import RunLoader
-from es_agents.retry import retrying
 
 log = logging.getLogger(__name__)
 
-MODEL_TRIES = 5
 STEP_TYPES = (CallModel, CallTool, PatchState, Interrupt, Finish, Fail)
 
 
@@ -335,9 +325,9 @@ class RunLoop:
                     f"run {state.run_id}: a model call is pending but "
                     f"the planner asked for {type(step).__name__}"
                 )
-            self.call_model(state, step, attempt=pending.attempt + 1)
+            model_steps.call_model(self, state, step, attempt=pending.attempt + 1)
         elif isinstance(step, CallModel):
-            self.call_model(state, step, attempt=1)
+            model_steps.call_model(self, state, step, attempt=1)
         elif isinstance(step, CallTool):
             effects.call_tool(self, state, step)
         elif isinstance(step, PatchState):
@@ -385,76 +375,6 @@ class RunLoop:
                 timer_id(state.run_id, event.seq), state.run_id, step.wake_at
             )
         self.flush()
-
-    # -- model steps -----------------------------------------------------------------
-    def call_model(self, state: RunState, step: CallModel, attempt: int) -> None:
-        """Request (durable), call, record. Each retry of the call is requested
-        again first (``attempt`` + 1), so every call the model saw is in the log."""
-        model = self.agent.model
-        if model is None:
-            raise RunError(
-                "planner_error",
-                f"agent {self.agent.name} asked for a model but has none",
-            )
-        policy = retrying(MODEL_TRIES, on=(Unavailable, RetryableToolError))
-        try:
-            for tried in policy:
-                # The request is outside the retried block: only the model's own
-                # failures are retried, never the log's or the database's.
-                number = attempt + tried.retry_state.attempt_number - 1
-                self._request(state, step, model.model_id, number)
-                with tried:
-                    completion = self._complete(model, step)
-        except Unavailable as e:
-            raise RunError(
-                "model_unavailable", f"{e} (gave up after {MODEL_TRIES} tries)"
-            ) from e
-        except RetryableToolError as e:  # e.g. an answer that does not parse
-            raise RunError(
-                "model_error", f"{e} (gave up after {MODEL_TRIES} tries)"
-            ) from e
-        self.ctx.probe.hit("after_action:model")
-        self.add(
-            ModelResponded,
-            content=completion.content,
-            tool_calls=completion.tool_calls,
-            finish_reason=completion.finish_reason,
-            usage=completion.usage,
-            model_id=completion.model_id,
-        )
-        # The outcome goes out with the next step's intention: one ack per step.
-
-    def _request(
-        self, state: RunState, step: CallModel, model_id: str, attempt: int
-    ) -> None:
-        self.add(
-            ModelCallRequested,
-            step=state.step + 1,
-            messages_hash=request_hash(step, model_id),
-            message_count=len(step.messages),
-            params_json=canonical_json({"model": model_id, **step.params}),
-            attempt=attempt,
-        )
-        self.flush()  # write-ahead: the intention (and the last outcome) are durable
-
-    def _complete(self, model: ModelClient, step: CallModel) -> Completion:
-        """One call. ``Unavailable`` and ``RetryableToolError`` are retried by the
-        caller; a refusal or a client bug ends the run (``model_error``)."""
-        try:
-            completion = model.complete(step.messages, step.params, step.tools)
-        except (Unavailable, RetryableToolError) as e:
-            log.warning("run %s: model call failed (%s)", self.actor.run_id, e)
-            raise
-        except (ModelError, ConfigError) as e:
-            raise RunError("model_error", f"model refused the call: {e}") from e
-        except Exception as e:
-            raise RunError("model_error", f"{type(e).__name__}: {e}") from e
-        if not isinstance(completion, Completion):
-            raise RunError(
-                "model_error",
-                f"model returned {type(completion).__name__}, not a Completion",
-            )
-        return completion
 
 
 def _text_size(event: Event) -> int:

@@ -48,7 +48,7 @@ def bench_projector_command(runs: int, seconds: float) -> None:
     """Projection lag under load; projector vs bare consumer events/s."""
     import logging  # noqa: PLC0415
 
-    from es_agents.lab.bench import bench_projector  # noqa: PLC0415
+    from es_agents.lab.bench_projector import bench_projector  # noqa: PLC0415
 
     logging.getLogger("projectors.runs").setLevel(logging.WARNING)
     bench_projector(runs, seconds, click.echo)

@@ -16,6 +16,7 @@ RUNTIME = (
     "es_agents.worker",
     "es_agents.run_loop",
     "es_agents.effects",
+    "es_agents.model_steps",
     "es_agents.containment",
     "es_agents.ownership",
     "es_agents.offsets",
