@@ -39,8 +39,11 @@ $BIN/es-agents dev up
 echo "== tests"
 $BIN/python -m pytest -p no:cacheprovider -o console_output_style=classic tests "$@"
 
-# Last, since it kills and restarts the broker and Postgres: a seeded chaos run of at
-# most ~3 minutes (90 s of faults, a heal of at most 60 s). Exit 1 on any violation.
-echo "== chaos (seeded)"
+# Last, since they kill and restart the broker and Postgres: a seeded chaos run of at
+# most ~3 minutes (90 s of faults, a heal of at most 60 s) on each store. Exit 1 on
+# any violation.
+echo "== chaos (seeded), Kafka store"
 $BIN/es-agents bench chaos --minutes 1.5 --seed 42 --heal-seconds 60
+echo "== chaos (seeded), Postgres store: the broker's faults restart Postgres instead"
+ES_AGENTS_STORE=postgres $BIN/es-agents bench chaos --minutes 1.5 --seed 42 --heal-seconds 60
 echo "make test took $(( $(date +%s) - started ))s"

@@ -107,6 +107,7 @@ def bench_chaos_command(  # noqa: PLR0917 - click passes options positionally
     logging.basicConfig(level=logging.WARNING)
     # The broker going away is the point here: its clients' complaints are not news.
     logging.getLogger("es_agents.librdkafka").setLevel(logging.CRITICAL)
+    logging.getLogger("psycopg.pool").setLevel(logging.CRITICAL)
     report = bench_chaos(
         ChaosConfig(
             minutes=minutes,
