@@ -338,12 +338,6 @@ class NoProbe:
         pass
 
 
-class Clock(Protocol):
-    def monotonic(self) -> float: ...
-
-    def sleep(self, seconds: float) -> None: ...
-
-
 class BlobStore(Protocol):
     """Content-addressed bytes for payloads too large for an event (claim check)."""
 
