@@ -233,7 +233,10 @@ class Worker:
             self.ports.close()
 
     def _fire_timer(self, timer: str, run_id: str, due_at: datetime) -> None:
-        self.log.send(FireTimer(run_id=run_id, timer_id=timer, due_at=due_at))
+        try:
+            self.log.send(FireTimer(run_id=run_id, timer_id=timer, due_at=due_at))
+        except AppendError as e:  # the log is out of reach: crash-only (exit 3)
+            raise Unavailable(f"cannot fire timer {timer}: {e}") from e
 
     # -- partitions ------------------------------------------------------------------
     def _on_assign(self, partitions: list[int]) -> Mapping[int, int] | None:
