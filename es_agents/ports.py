@@ -316,6 +316,14 @@ class Projections(Protocol):
         """Rows of the ``runs`` table, latest first."""
         ...
 
+    def run_row(self, run_id: str) -> dict[str, object] | None:
+        """The run's ``runs`` row (the columns of ``core.run_row``), if projected."""
+        ...
+
+    def latest_snapshot(self, run_id: str) -> tuple[int, object] | None:
+        """(seq, state as stored) of the run's latest snapshot, if any."""
+        ...
+
 
 class Probe(Protocol):
     """Crash points and the acknowledgement journal (tests, chaos); no-op by default."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from es_agents.errors import ConfigError
@@ -145,6 +145,16 @@ class ModelSettings(BaseSettings):
     max_tokens: int = Field(default=4096, ge=1, description="Anthropic's max_tokens")
 
 
+class ModelPrice(BaseModel):
+    """What a model costs, in USD per million tokens."""
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return (prompt_tokens * self.input + completion_tokens * self.output) / 1e6
+
+
 class Settings(BaseSettings):
     """Everything a worker, projector or CLI command needs."""
 
@@ -177,6 +187,11 @@ class Settings(BaseSettings):
     )
     snapshot_every: int = Field(
         default=100, ge=1, description="K: snapshot every K events"
+    )
+    prices: dict[str, ModelPrice] = Field(
+        default_factory=dict,
+        description='Per model id, USD per million tokens: JSON like {"gpt-4o": '
+        '{"input": 2.5, "output": 10}} (replay and audit price model calls)',
     )
     projector_group: str | None = Field(
         default=None, description="The projector's consumer group (PREFIX.projector)"

@@ -26,6 +26,7 @@ from es_agents.adapters.postgres import Database
 from es_agents.adapters.postgres_projections import load_projected
 from es_agents.core.events import Event, Interrupted, RunCompleted, RunFailed
 from es_agents.core.fold import fold
+from es_agents.core.run_row import RUN_COLUMNS, run_row
 from es_agents.core.snapshot import REDUCER_VERSION, to_snapshot
 from es_agents.core.state import RunState
 from es_agents.dead_letters import DeadLetterQueue
@@ -319,50 +320,18 @@ class Projector:
             )
 
 
-_RUN_COLUMNS = (
-    "run_id, agent, status, step, last_seq, waiting_reason, waiting_gate, wake_at, "
-    "agent_version, code_revision, prompt_hash, model_id, tools_hash, reducer_version, "
-    "prompt_tokens, completion_tokens, model_calls, tool_calls, reconciled_calls, "
-    "output_json, error, partition, last_offset, started_at, updated_at"
-)
+_COLUMNS = (*RUN_COLUMNS, "partition", "last_offset")
 _UPSERT_RUN = (
-    f"INSERT INTO runs ({_RUN_COLUMNS}) VALUES ({', '.join(['%s'] * 25)}) "  # noqa: S608
+    f"INSERT INTO runs ({', '.join(_COLUMNS)}) "  # noqa: S608 - fixed column names
+    f"VALUES ({', '.join(['%s'] * len(_COLUMNS))}) "
     "ON CONFLICT (run_id) DO UPDATE SET "
-    + ", ".join(f"{c} = EXCLUDED.{c}" for c in _RUN_COLUMNS.split(", ")[1:])
+    + ", ".join(f"{c} = EXCLUDED.{c}" for c in _COLUMNS[1:])
     + " WHERE runs.last_seq < EXCLUDED.last_seq"
 )
 
 
 def _run_row(state: RunState, partition: int, offset: int) -> tuple[Any, ...]:
-    waiting = state.waiting
-    v = state.versions
-    return (
-        state.run_id,
-        state.agent,
-        state.status,
-        state.step,
-        state.seq,
-        waiting.reason if waiting else None,
-        waiting.gate if waiting else None,
-        waiting.wake_at if waiting else None,
-        v.agent_version,
-        v.code_revision,
-        v.prompt_hash,
-        v.model_id,
-        v.tools_hash,
-        v.reducer_version,
-        state.prompt_tokens,
-        state.completion_tokens,
-        state.model_calls,
-        state.tool_calls,
-        state.reconciled_calls,
-        state.output_json,
-        state.error,
-        partition,
-        offset,
-        state.started_at,
-        state.updated_at,
-    )
+    return (*run_row(state).values(), partition, offset)
 
 
 def _record(received: Received[bytes], topic: str) -> Record:

@@ -232,3 +232,9 @@ class MemoryProjections:
 
     def runs(self, status: str | None, limit: int) -> list[dict[str, object]]:
         return []
+
+    def run_row(self, run_id: str) -> dict[str, object] | None:
+        return None
+
+    def latest_snapshot(self, run_id: str) -> tuple[int, object] | None:
+        return None

@@ -11,6 +11,7 @@ import psycopg
 from es_agents.adapters.postgres import Database
 from es_agents.core.events import Event
 from es_agents.core.fold import fold
+from es_agents.core.run_row import RUN_COLUMNS
 from es_agents.core.snapshot import REDUCER_VERSION, from_snapshot
 from es_agents.core.state import RunState
 from es_agents.errors import ConfigError
@@ -123,6 +124,24 @@ class PostgresProjections:
                 (run_id,),
             ).fetchall()
         return [(str(t), int(p), int(o), str(r)) for t, p, o, r in rows]
+
+    def run_row(self, run_id: str) -> dict[str, object] | None:
+        columns = ", ".join(RUN_COLUMNS)
+        with self._db.transaction() as conn:
+            row = conn.execute(
+                f"SELECT {columns} FROM runs WHERE run_id = %s",  # noqa: S608
+                (run_id,),
+            ).fetchone()
+        return None if row is None else dict(zip(RUN_COLUMNS, row, strict=True))
+
+    def latest_snapshot(self, run_id: str) -> tuple[int, object] | None:
+        with self._db.transaction() as conn:
+            row = conn.execute(
+                "SELECT seq, state FROM run_snapshots WHERE run_id = %s "
+                "AND reducer_version = %s ORDER BY seq DESC LIMIT 1",
+                (run_id, REDUCER_VERSION),
+            ).fetchone()
+        return None if row is None else (int(row[0]), row[1])
 
     def runs(self, status: str | None, limit: int) -> list[dict[str, object]]:
         with self._db.transaction() as conn:

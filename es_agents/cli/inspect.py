@@ -4,7 +4,7 @@ never change the database (no migrations)."""
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -17,7 +17,12 @@ if TYPE_CHECKING:
 
 @cli.command()
 @click.argument("run_id")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per event.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object per event, then one with the summary.",
+)
 @click.option(
     "--record",
     "record_to",
@@ -27,45 +32,87 @@ if TYPE_CHECKING:
     "(a recorded history for tests/histories/).",
 )
 def replay(run_id: str, as_json: bool, record_to: str | None) -> None:
-    """Read a run's events from the log (an audit) and print the folded state."""
+    """Read a run's events from the log, fold them with this code, print the
+    timeline, and check the projection against the fold.
+
+    Exit 0: the projection agrees with the log (or is behind it); 1: the first field
+    that differs is printed; 2: the log has no such run.
+    """
     from es_agents.app import build_client_ports  # noqa: PLC0415
-    from es_agents.core import replay as fold_all  # noqa: PLC0415
+    from es_agents.replay import check_run  # noqa: PLC0415
     from es_agents.settings import load_settings  # noqa: PLC0415
 
+    settings = load_settings()
     # Payloads are read back and hash-checked by the claim check.
-    ports = build_client_ports(load_settings())
+    ports = build_client_ports(settings)
     try:
-        events = ports.log.read_run(run_id)
+        check = check_run(ports.log, ports.projections, run_id, settings.prices)
     finally:
         ports.close()
-    if not events:
-        raise click.ClickException(f"no events for run {run_id}")
-    for event in events:
-        if as_json:
-            echo_json({"type": event.wire_name, **event.model_dump(mode="json")})
-        else:
+    if not check.events:
+        click.echo(f"unknown run {run_id}: the log has no events for it", err=True)
+        sys.exit(2)
+    state = check.state
+    summary = {
+        "run_id": run_id,
+        "status": state.status if state else None,
+        "step": state.step if state else None,
+        "events": len(check.events),
+        "consistent": check.consistent,
+        "mismatch": check.mismatch,
+        "notes": check.notes,
+    }
+    if as_json:
+        for entry in check.timeline:
+            echo_json(entry)
+        echo_json({"summary": summary})
+    else:
+        for entry in check.timeline:
+            click.echo(_timeline_line(entry))
+        if state is not None:
             click.echo(
-                f"{event.seq:>5} step {event.step:>4}  {event.wire_name:<22} "
-                f"{event.at:%H:%M:%S.%f}"[:-3]
+                f"status={state.status} step={state.step} events={state.seq + 1}"
             )
-    state = fold_all(events)
-    if record_to is not None:
-        import base64  # noqa: PLC0415
-        import json as json_module  # noqa: PLC0415
-        from pathlib import Path  # noqa: PLC0415
+        for note in check.notes:
+            click.echo(f"note: {note}")
+        click.echo(
+            "projection: consistent with the log"
+            if check.consistent
+            else f"MISMATCH: {check.mismatch}"
+        )
+    if record_to is not None and state is not None:
+        _record(run_id, check.events, state, record_to)
+    if not check.consistent:
+        sys.exit(1)
 
-        from es_agents.codec import AvroCodec  # noqa: PLC0415
-        from es_agents.core.snapshot import to_snapshot  # noqa: PLC0415
 
-        codec = AvroCodec()
-        history = {
-            "run_id": run_id,
-            "events": [base64.b64encode(codec.encode(e)).decode() for e in events],
-            "final": to_snapshot(state),
-        }
-        Path(record_to).write_text(json_module.dumps(history, indent=1) + "\n")
-    if not as_json:
-        click.echo(f"status={state.status} step={state.step} events={state.seq + 1}")
+def _timeline_line(entry: dict[str, object]) -> str:
+    fixed = ("seq", "step", "type", "at")
+    extra = "  ".join(
+        f"{k}={v}" for k, v in entry.items() if k not in fixed and v not in (None, [])
+    )
+    at = str(entry["at"])[11:23]
+    return (
+        f"{entry['seq']:>5} step {entry['step']:>4}  {entry['type']:<22} {at}  {extra}"
+    ).rstrip()
+
+
+def _record(run_id: str, events: list[Any], state: RunState, path: str) -> None:
+    """A recorded history for tests/histories/: raw events and the final state."""
+    import base64  # noqa: PLC0415
+    import json  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from es_agents.codec import AvroCodec  # noqa: PLC0415
+    from es_agents.core.snapshot import to_snapshot  # noqa: PLC0415
+
+    codec = AvroCodec()
+    history = {
+        "run_id": run_id,
+        "events": [base64.b64encode(codec.encode(e)).decode() for e in events],
+        "final": to_snapshot(state),
+    }
+    Path(path).write_text(json.dumps(history, indent=1) + "\n")
 
 
 def _summary(state: RunState) -> dict[str, object]:
