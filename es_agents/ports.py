@@ -91,6 +91,10 @@ class EventLog(Protocol):
 
     def partition_for(self, run_id: str) -> int: ...
 
+    def partition_count(self) -> int:
+        """Partitions of the events topic (the commands topic has as many)."""
+        ...
+
     def read_run(
         self,
         run_id: str,
@@ -193,6 +197,10 @@ class EffectLedger(Protocol):
         ...
 
     def get(self, key: str) -> EffectRecord | None: ...
+
+    def entries(self, run_prefix: str = "") -> list[tuple[str, str, EffectStatus]]:
+        """(key, run id, status) of every claim, for audits."""
+        ...
 
 
 class Timers(Protocol):
@@ -322,6 +330,10 @@ class Projections(Protocol):
 
     def latest_snapshot(self, run_id: str) -> tuple[int, object] | None:
         """(seq, state as stored) of the run's latest snapshot, if any."""
+        ...
+
+    def run_rows(self, run_prefix: str = "") -> dict[str, dict[str, object]]:
+        """Every ``runs`` row (run id -> columns of ``core.run_row``), for audits."""
         ...
 
 

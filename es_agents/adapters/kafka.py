@@ -292,6 +292,9 @@ class KafkaEventLog:
         )
         return self.link.wait([future])[0]
 
+    def partition_count(self) -> int:
+        return self.link.partition_count(self.settings.events_topic)
+
     def partition_for(self, run_id: str) -> int:
         """The run's partition, by the events topic's own partition count (so
         clients configured with another count still find every run)."""

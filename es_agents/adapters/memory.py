@@ -16,6 +16,7 @@ from es_agents.errors import ConfigError, PayloadUnavailable
 from es_agents.ports import (
     Decided,
     EffectRecord,
+    EffectStatus,
     Projected,
     ServedAgent,
     Verdict,
@@ -70,6 +71,14 @@ class MemoryEffectLedger:
     def get(self, key: str) -> EffectRecord | None:
         with self._lock:
             return self._rows.get(key)
+
+    def entries(self, run_prefix: str = "") -> list[tuple[str, str, EffectStatus]]:
+        with self._lock:
+            return [
+                (key, key.rsplit(":", 1)[0], record.status)
+                for key, record in self._rows.items()
+                if key.startswith(run_prefix)
+            ]
 
 
 @final
@@ -238,3 +247,6 @@ class MemoryProjections:
 
     def latest_snapshot(self, run_id: str) -> tuple[int, object] | None:
         return None
+
+    def run_rows(self, run_prefix: str = "") -> dict[str, dict[str, object]]:
+        return {}

@@ -145,8 +145,11 @@ class MemoryEventLog:
     ) -> Position:
         return self.broker.append(topic, [(key, None, value, tuple(headers))])[0]
 
+    def partition_count(self) -> int:
+        return self.broker.partition_count(self.events_topic)
+
     def partition_for(self, run_id: str) -> int:
-        return partition_for(run_id, self.broker.partition_count(self.events_topic))
+        return partition_for(run_id, self.partition_count())
 
     def read_run(
         self,

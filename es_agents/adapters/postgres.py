@@ -17,7 +17,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from es_agents.errors import ConfigError, Unavailable
-from es_agents.ports import EffectRecord
+from es_agents.ports import EffectRecord, EffectStatus
 
 _MIGRATION = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
 
@@ -146,6 +146,15 @@ class PostgresEffectLedger:
                 "DELETE FROM effects WHERE idempotency_key = %s AND status = 'started'",
                 (key,),
             )
+
+    def entries(self, run_prefix: str = "") -> list[tuple[str, str, EffectStatus]]:
+        with self._db.transaction() as conn:
+            rows = conn.execute(
+                "SELECT idempotency_key, run_id, status FROM effects "
+                "WHERE starts_with(run_id, %s)",
+                (run_prefix,),
+            ).fetchall()
+        return [(str(k), str(r), s) for k, r, s in rows]
 
     def get(self, key: str) -> EffectRecord | None:
         with self._db.transaction() as conn:

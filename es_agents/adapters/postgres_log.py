@@ -181,6 +181,10 @@ class PostgresEventLog:
         except psycopg.Error as e:
             raise AppendError(f"{topic}: not appended: {e}") from e
 
+    def partition_count(self) -> int:
+        self.partition_for("")
+        return self._partitions or 0
+
     def partition_for(self, run_id: str) -> int:
         if self._partitions is None:
             with self.db.transaction() as conn:

@@ -143,6 +143,15 @@ class PostgresProjections:
             ).fetchone()
         return None if row is None else (int(row[0]), row[1])
 
+    def run_rows(self, run_prefix: str = "") -> dict[str, dict[str, object]]:
+        columns = ", ".join(RUN_COLUMNS)
+        with self._db.transaction() as conn:
+            rows = conn.execute(
+                f"SELECT {columns} FROM runs WHERE starts_with(run_id, %s)",  # noqa: S608
+                (run_prefix,),
+            ).fetchall()
+        return {str(r[0]): dict(zip(RUN_COLUMNS, r, strict=True)) for r in rows}
+
     def runs(self, status: str | None, limit: int) -> list[dict[str, object]]:
         with self._db.transaction() as conn:
             cur = conn.execute(

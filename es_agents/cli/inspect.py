@@ -4,6 +4,7 @@ never change the database (no migrations)."""
 from __future__ import annotations
 
 import sys
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -84,6 +85,114 @@ def replay(run_id: str, as_json: bool, record_to: str | None) -> None:
         _record(run_id, check.events, state, record_to)
     if not check.consistent:
         sys.exit(1)
+
+
+@cli.command()
+@click.option(
+    "--since",
+    type=click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M"]),
+    default=None,
+    help="Only runs with events at or after this UTC time (runs fold whole).",
+)
+@click.option("--run-prefix", default="", help="Only runs whose id starts so.")
+@click.option("--json", "as_json", is_flag=True, help="The report as one JSON object.")
+@click.option(
+    "--report",
+    "report_to",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Also write the JSON report to this file.",
+)
+@click.option(
+    "--bare/--no-bare",
+    default=True,
+    show_default=True,
+    help="Time a bare reader of the same topic in the same run, for the ratio.",
+)
+def audit(
+    since: datetime | None,
+    run_prefix: str,
+    as_json: bool,
+    report_to: str | None,
+    bare: bool,
+) -> None:
+    """Read the whole events topic and check every run from the log alone: sequence
+    gaps and duplicates, ledger claims without an outcome, the runs table against
+    the fold; dangling intentions and waiting runs; and the cost ledger
+    (ES_AGENTS_PRICES). Exit 1 when a check fails."""
+    import json  # noqa: PLC0415
+    from datetime import UTC  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from es_agents.app import build_client_ports  # noqa: PLC0415
+    from es_agents.audit import audit as run_audit  # noqa: PLC0415
+    from es_agents.settings import load_settings  # noqa: PLC0415
+
+    settings = load_settings()
+    ports = build_client_ports(settings)
+    try:
+        partitions = ports.log.partition_count()
+        report = run_audit(
+            ports.log,
+            ports.projections,
+            ports.ledger,
+            events_topic=settings.kafka.events_topic,
+            partitions=partitions,
+            prices=settings.prices,
+            run_prefix=run_prefix,
+            since=since.replace(tzinfo=UTC) if since else None,
+            progress=lambda n, s: click.echo(
+                f"... {n:,} events read ({n / s:,.0f}/s)", err=True
+            ),
+        ).to_json()
+    finally:
+        ports.close()
+    report["store"] = settings.store
+    if bare:
+        from es_agents.lab.bare import bare_read  # noqa: PLC0415
+
+        count, seconds = bare_read(settings, partitions)
+        report["bare_events_per_s"] = round(count / max(seconds, 1e-9))
+        report["ratio_audit_to_bare"] = round(
+            report["events_per_s"] / max(report["bare_events_per_s"], 1), 3
+        )
+    if report_to is not None:
+        Path(report_to).write_text(json.dumps(report, indent=1, default=str) + "\n")
+    if as_json:
+        echo_json(report)
+    else:
+        _print_audit(report)
+    if report["problem_count"]:
+        sys.exit(1)
+
+
+def _print_audit(report: dict[str, Any]) -> None:
+    cost = report["cost"]
+    click.echo(
+        f"{report['runs']} runs, {report['events']:,} events in {report['seconds']} s "
+        f"({report['events_per_s']:,} events/s"
+        + (
+            f"; a bare reader {report['bare_events_per_s']:,}/s, ratio "
+            f"{report['ratio_audit_to_bare']})"
+            if "bare_events_per_s" in report
+            else ")"
+        )
+    )
+    click.echo(f"statuses: {report['statuses']}; waiting: {report['waiting']}")
+    click.echo(
+        f"cost: {cost['model_calls']} model calls, ${cost['total_usd']:.6f}"
+        f" ({cost['unpriced_calls']} unpriced); resume read back "
+        f"{cost['saved_by_resume_calls']} completions instead of asking again "
+        f"(${cost['saved_by_resume_usd']:.6f} saved)"
+    )
+    for agent, values in cost["per_agent"].items():
+        click.echo(f"  {agent}: {values}")
+    for run_id, why in report["dangling_intentions"].items():
+        click.echo(f"dangling: {run_id}: {why}")
+    for run_id, problems in report["problems"].items():
+        for problem in problems:
+            click.echo(f"PROBLEM {run_id}: {problem}")
+    click.echo(f"problems: {report['problem_count']}")
 
 
 def _timeline_line(entry: dict[str, object]) -> str:

@@ -70,6 +70,15 @@ def bench_commands_command(events: int, repeats: int, cli_repeats: int) -> None:
     bench_commands(events, repeats, cli_repeats, click.echo)
 
 
+@bench.command("audit")
+@click.option("--events", type=int, default=1_000_000, show_default=True)
+def bench_audit_command(events: int) -> None:
+    """The whole-topic audit's events/s vs a bare reader, on a scratch topic."""
+    from es_agents.lab.bench_audit import bench_audit  # noqa: PLC0415
+
+    bench_audit(events, click.echo)
+
+
 @bench.command("chaos")
 @click.option("--minutes", type=float, default=15, show_default=True)
 @click.option("--seed", type=int, default=1, show_default=True)

@@ -80,6 +80,7 @@ def script(run_id: str, steps: int) -> list[Event]:
             tool_calls=(call,),
             finish_reason="tool_calls",
             usage=Usage(prompt_tokens=120 + round_no, completion_tokens=18),
+            model_id="scripted",
         )
         step += 1
         add(
@@ -111,6 +112,7 @@ def script(run_id: str, steps: int) -> list[Event]:
         step,
         content="Filed the tickets.",
         usage=Usage(prompt_tokens=300, completion_tokens=9),
+        model_id="scripted",
     )
     add(RunCompleted, step, output_json=json.dumps({"tickets": steps}))
     return events

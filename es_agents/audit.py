@@ -1,0 +1,263 @@
+"""The whole-topic audit: every run of the events topic, checked from the log alone,
+with a cost ledger.
+
+Per run: sequence gaps and duplicates (the same event twice, or two events at one
+seq), dangling intentions, effects in the ledger without an outcome in the log,
+the ``runs`` row against the fold, and why a paused or blocked run waits. The cost
+ledger prices each recorded completion (``ES_AGENTS_PRICES``), per run, per agent
+and in total, and counts what resume saved: at each ``resumed``, the completions
+already recorded are read back instead of asked for again -- a re-run from the
+start would have paid for them once more.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from es_agents.core.events import (
+    Event,
+    ModelResponded,
+    Resumed,
+    RunStarted,
+    ToolCallRequested,
+    ToolReturned,
+)
+from es_agents.core.fold import fold
+from es_agents.core.run_row import run_row
+from es_agents.core.state import PendingModelCall, PendingToolCall, RunState
+from es_agents.errors import EsAgentsError
+from es_agents.ports import EffectLedger, EventLog, Projections
+from es_agents.replay import _first_difference
+from es_agents.settings import ModelPrice
+
+
+@dataclass
+class RunAudit:
+    run_id: str
+    agent: str = ""
+    state: RunState | None = None
+    problems: list[str] = field(default_factory=list)  # the log or views disagree
+    dangling: str | None = None  # an intention with no outcome yet (a running run)
+    projection_behind: bool = False
+    model_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+    unpriced_calls: int = 0
+    saved_calls: int = 0  # completions read back at a resume instead of re-asked
+    saved_usd: float = 0.0
+    spent: list[float] = field(default_factory=list)  # cost of each completion so far
+    keys_returned: set[str] = field(default_factory=set)
+    keys_requested: dict[str, str] = field(default_factory=dict)  # call id -> key
+    last_at: datetime | None = None
+    broken: bool = False  # a gap or conflict: the fold stops here
+
+
+@dataclass
+class AuditReport:
+    runs: dict[str, RunAudit]
+    events: int
+    seconds: float
+
+    def to_json(self) -> dict[str, Any]:
+        agents: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        waiting: Counter[str] = Counter()
+        for r in self.runs.values():
+            a = agents[r.agent or "?"]
+            a["runs"] += 1
+            a["model_calls"] += r.model_calls
+            a["prompt_tokens"] += r.prompt_tokens
+            a["completion_tokens"] += r.completion_tokens
+            a["cost_usd"] += r.cost_usd
+            a["saved_usd"] += r.saved_usd
+            if r.state is not None and r.state.status in ("paused", "blocked"):
+                reason = r.state.waiting.reason if r.state.waiting else "?"
+                waiting[f"{r.state.status}:{reason}"] += 1
+        problems = {r.run_id: r.problems for r in self.runs.values() if r.problems}
+        dangling = {r.run_id: r.dangling for r in self.runs.values() if r.dangling}
+        return {
+            "runs": len(self.runs),
+            "events": self.events,
+            "seconds": round(self.seconds, 3),
+            "events_per_s": round(self.events / max(self.seconds, 1e-9)),
+            "statuses": dict(
+                Counter(
+                    r.state.status if r.state else "unfoldable"
+                    for r in self.runs.values()
+                )
+            ),
+            "waiting": dict(waiting),
+            "problems": problems,
+            "problem_count": sum(len(p) for p in problems.values()),
+            "dangling_intentions": dangling,
+            "projection_behind": sum(r.projection_behind for r in self.runs.values()),
+            "cost": {
+                "total_usd": round(sum(r.cost_usd for r in self.runs.values()), 6),
+                "model_calls": sum(r.model_calls for r in self.runs.values()),
+                "unpriced_calls": sum(r.unpriced_calls for r in self.runs.values()),
+                "saved_by_resume_calls": sum(r.saved_calls for r in self.runs.values()),
+                "saved_by_resume_usd": round(
+                    sum(r.saved_usd for r in self.runs.values()), 6
+                ),
+                "per_agent": {
+                    name: {
+                        k: round(v, 6) if k.endswith("usd") else int(v)
+                        for k, v in values.items()
+                    }
+                    for name, values in sorted(agents.items())
+                },
+                "per_run": {
+                    r.run_id: {
+                        "agent": r.agent,
+                        "model_calls": r.model_calls,
+                        "prompt_tokens": r.prompt_tokens,
+                        "completion_tokens": r.completion_tokens,
+                        "cost_usd": round(r.cost_usd, 6),
+                        "saved_usd": round(r.saved_usd, 6),
+                    }
+                    for r in self.runs.values()
+                },
+            },
+        }
+
+
+def audit(
+    log: EventLog,
+    projections: Projections,
+    ledger: EffectLedger,
+    *,
+    events_topic: str,
+    partitions: int,
+    prices: Mapping[str, ModelPrice],
+    run_prefix: str = "",
+    since: datetime | None = None,
+    progress: Callable[[int, float], None] | None = None,
+) -> AuditReport:
+    started = time.perf_counter()
+    runs: dict[str, RunAudit] = {}
+    count = 0
+    for partition in range(partitions):
+        for record in log.read_partition(events_topic, partition):
+            count += 1
+            if progress is not None and count % 100_000 == 0:
+                progress(count, time.perf_counter() - started)
+            if record.key is None or not record.key.startswith(run_prefix):
+                continue
+            run = runs.get(record.key)
+            if run is None:
+                run = runs[record.key] = RunAudit(record.key)
+            try:
+                event = log.restore(log.decode_event(record.value))
+            except EsAgentsError as e:
+                run.problems.append(f"{partition}@{record.offset}: undecodable: {e}")
+                run.broken = True
+                continue
+            _apply(run, event, prices)
+    if since is not None:
+        runs = {k: r for k, r in runs.items() if r.last_at and r.last_at >= since}
+    _check_runs(runs, projections, ledger, run_prefix)
+    return AuditReport(runs, count, time.perf_counter() - started)
+
+
+def _apply(run: RunAudit, event: Event, prices: Mapping[str, ModelPrice]) -> None:
+    run.last_at = event.at
+    if run.broken:
+        return
+    state = run.state
+    last = state.seq if state is not None else -1
+    if event.seq <= last:
+        run.problems.append(f"seq {event.seq}: appears again after seq {last}")
+        run.broken = True
+        return
+    if event.seq > last + 1:
+        run.problems.append(f"seq {last + 1}..{event.seq - 1}: missing (gap)")
+        run.broken = True
+        return
+    try:
+        run.state = fold(state if state is not None else RunState(run.run_id), event)
+    except EsAgentsError as e:
+        run.problems.append(f"seq {event.seq}: does not fold: {e}")
+        run.broken = True
+        return
+    if isinstance(event, RunStarted):
+        run.agent = event.agent
+    elif isinstance(event, ModelResponded):
+        usage = event.usage
+        run.model_calls += 1
+        run.prompt_tokens += usage.prompt_tokens
+        run.completion_tokens += usage.completion_tokens
+        price = prices.get(event.model_id)
+        cost = (
+            price.cost(usage.prompt_tokens, usage.completion_tokens) if price else 0.0
+        )
+        run.unpriced_calls += price is None
+        run.cost_usd += cost
+        run.spent.append(cost)
+    elif isinstance(event, Resumed):
+        run.saved_calls += len(run.spent)
+        run.saved_usd += sum(run.spent)
+    elif isinstance(event, ToolCallRequested):
+        run.keys_requested[event.call_id] = event.idempotency_key
+    elif isinstance(event, ToolReturned):
+        key = run.keys_requested.get(event.call_id)
+        if key is not None:
+            run.keys_returned.add(key)
+
+
+def _check_ledger(
+    runs: dict[str, RunAudit], ledger: EffectLedger, run_prefix: str
+) -> None:
+    """A claim in the ledger whose run ended without recording the outcome."""
+    for key, run_id, status in ledger.entries(run_prefix):
+        run = runs.get(run_id)
+        if run is None or run.broken or key in run.keys_returned:
+            continue
+        waiting = run.state.waiting if run.state else None
+        if waiting is not None and waiting.reason == "uncertain_effect":
+            continue  # the run already waits for a person to settle it
+        if run.state is not None and run.state.status != "running":
+            run.problems.append(
+                f"effect {key}: {status} in the ledger, no outcome in the log"
+            )
+
+
+def _check_runs(
+    runs: dict[str, RunAudit],
+    projections: Projections,
+    ledger: EffectLedger,
+    run_prefix: str,
+) -> None:
+    _check_ledger(runs, ledger, run_prefix)
+    rows = projections.run_rows(run_prefix)
+    for run in runs.values():
+        state = run.state
+        if state is None or run.broken:
+            continue
+        if state.status == "running" and isinstance(state.pending, PendingToolCall):
+            run.dangling = (
+                f"tool call {state.pending.idempotency_key} (seq "
+                f"{state.pending.seq}): reconciled by key when the run resumes"
+            )
+        elif state.status == "running" and isinstance(state.pending, PendingModelCall):
+            run.dangling = (
+                f"model call (seq {state.pending.seq}): asked again when it resumes"
+            )
+        row = rows.get(run.run_id)
+        if row is None:
+            continue  # not projected (yet)
+        seq = int(str(row["last_seq"]))
+        if seq == state.seq:
+            found = _first_difference("runs", dict(row), run_row(state), True)
+            if found is not None:
+                run.problems.append(found)
+        elif seq < state.seq:
+            run.projection_behind = True
+        else:
+            run.problems.append(
+                f"runs.last_seq: projection {seq}, log ends at {state.seq}"
+            )
