@@ -27,7 +27,7 @@ import psycopg
 from es_agents.adapters.postgres import Database
 from es_agents.adapters.postgres_log import CHANNEL, record
 from es_agents.dead_letters import DeadLetterQueue
-from es_agents.errors import DecodeError, Unavailable
+from es_agents.errors import ConfigError, DecodeError, Unavailable
 from es_agents.ports import OnAssign, OnRevoke, Received
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,15 @@ class PostgresSource(Generic[T]):
                     (f"{group_id}/{topic}/{self._member}",),
                 ).fetchone()[0]  # type: ignore[index]
             )
-            self._listen.execute("SELECT pg_advisory_lock(%s)", (self._lock_key,))
+            taken = self._listen.execute(
+                "SELECT pg_try_advisory_lock(%s)", (self._lock_key,)
+            ).fetchone()
+            if taken is None or not taken[0]:
+                self._listen.close()
+                raise ConfigError(
+                    f"member {self._member!r} of {group_id} is already running "
+                    "(another process with the same --instance-id)"
+                )
             self._listen.execute(f"LISTEN {CHANNEL}")
         except psycopg.OperationalError as e:
             raise Unavailable(f"postgres: {e}") from e

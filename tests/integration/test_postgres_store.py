@@ -22,6 +22,7 @@ from es_agents.core import replay
 from es_agents.core.commands import StartRun
 from es_agents.core.events import Event, ModelCallRequested
 from es_agents.dev import DevStack
+from es_agents.errors import ConfigError
 from es_agents.lab.demo import cli, run_worker, ticket_stats
 from es_agents.settings import KafkaSettings, Settings
 from tests.integration.test_runtime import _emails
@@ -213,3 +214,25 @@ def test_the_projector_and_the_cli_on_the_postgres_store(
     replayed = cli(env, "replay", run_id)
     assert replayed.returncode == 0
     assert "status=completed" in replayed.stdout
+
+
+def test_one_instance_id_is_one_member(pg: tuple[Settings, dict[str, str]]) -> None:
+    """A second process with the same --instance-id is refused, not left waiting."""
+    settings, _ = pg
+    ports = build_client_ports(settings)
+    try:
+        ports.migrate()
+        ports.ensure_topics()
+        topic, group = settings.kafka.commands_topic, "g-same"
+        first = ports.subscribe(
+            topic, group, ports.log.decode_command, instance_id="same"
+        )
+        with pytest.raises(ConfigError, match="already running"):
+            ports.subscribe(topic, group, ports.log.decode_command, instance_id="same")
+        first.close()
+        again = ports.subscribe(
+            topic, group, ports.log.decode_command, instance_id="same"
+        )
+        again.close()
+    finally:
+        ports.close()
