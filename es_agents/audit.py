@@ -32,7 +32,7 @@ from es_agents.core.run_row import run_row
 from es_agents.core.state import PendingModelCall, PendingToolCall, RunState
 from es_agents.errors import EsAgentsError
 from es_agents.ports import EffectLedger, EventLog, Projections
-from es_agents.replay import _first_difference
+from es_agents.replay import first_difference
 from es_agents.settings import ModelPrice
 
 
@@ -252,7 +252,7 @@ def _check_runs(
             continue  # not projected (yet)
         seq = int(str(row["last_seq"]))
         if seq == state.seq:
-            found = _first_difference("runs", dict(row), run_row(state), True)
+            found = first_difference("runs", dict(row), run_row(state), True)
             if found is not None:
                 run.problems.append(found)
         elif seq < state.seq:

@@ -84,7 +84,7 @@ def check_run(  # noqa: PLR0911 - one return per way the check ends
             return check
         if seq < check.state.seq:
             check.notes.append(f"projection behind: at seq {seq} of {check.state.seq}")
-        check.mismatch = _first_difference(
+        check.mismatch = first_difference(
             "runs", dict(row), run_row(states[seq]), projection_first=True
         )
         if check.mismatch is not None:
@@ -98,7 +98,7 @@ def check_run(  # noqa: PLR0911 - one return per way the check ends
         check.mismatch = f"run_snapshots.seq {seq} is not in the log"
         return check
     folded = json.loads(json.dumps(to_snapshot(states[seq]), default=str))
-    check.mismatch = _first_difference(
+    check.mismatch = first_difference(
         f"run_snapshots@{seq}", stored, folded, projection_first=True
     )
     return check
@@ -116,12 +116,12 @@ def _folds(events: Sequence[Event]) -> dict[int, RunState]:
     return out
 
 
-def _first_difference(  # noqa: PLR0911 - one return per shape
+def first_difference(  # noqa: PLR0911 - one return per shape
     path: str, projected: object, folded: object, projection_first: bool
 ) -> str | None:
     if isinstance(projected, dict) and isinstance(folded, dict):
         for key in sorted(set(projected) | set(folded), key=str):
-            found = _first_difference(
+            found = first_difference(
                 f"{path}.{key}", projected.get(key), folded.get(key), projection_first
             )
             if found is not None:
@@ -131,7 +131,7 @@ def _first_difference(  # noqa: PLR0911 - one return per shape
         if len(projected) != len(folded):
             return f"{path}: projection has {len(projected)} items, log {len(folded)}"
         for i, (a, b) in enumerate(zip(projected, folded, strict=True)):
-            found = _first_difference(f"{path}[{i}]", a, b, projection_first)
+            found = first_difference(f"{path}[{i}]", a, b, projection_first)
             if found is not None:
                 return found
         return None

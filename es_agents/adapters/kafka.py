@@ -26,6 +26,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from es_agents.adapters.coded_log import CodedLog
 from es_agents.codec import AvroCodec
 from es_agents.core.commands import Command
 from es_agents.core.events import Event
@@ -230,7 +231,7 @@ class KafkaProducerLink:
 
 
 @final
-class KafkaEventLog:
+class KafkaEventLog(CodedLog):
     """The ``EventLog`` port over the configured topics."""
 
     def __init__(
@@ -241,28 +242,12 @@ class KafkaEventLog:
         restore: Callable[[Event], Event] | None = None,
     ) -> None:
         self.settings = settings
-        self.codec = codec if codec is not None else AvroCodec()
-        # Reads a claim-checked payload back into its event (the claim check's
-        # ``restore``); the identity when payloads are not claim-checked.
-        self._restore: Callable[[Event], Event] = restore or (lambda event: event)
+        super().__init__(codec, restore)
         self._owns_link = link is None
         self.link = link if link is not None else KafkaProducerLink(settings)
         self._reader: Consumer | None = None
         self._reader_lock = threading.Lock()
         self._partitions: int | None = None
-
-    @property
-    def restore(self) -> Callable[[Event], Event]:
-        return self._restore
-
-    def encode(self, message: Event | Command) -> bytes:
-        return self.codec.encode(message)
-
-    def decode_event(self, data: bytes) -> Event:
-        return self.codec.decode_event(data)
-
-    def decode_command(self, data: bytes) -> Command:
-        return self.codec.decode_command(data)
 
     # -- writing ---------------------------------------------------------------
     def append(self, events: Sequence[Event]) -> list[Position]:

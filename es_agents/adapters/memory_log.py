@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar, final
 
+from es_agents.adapters.coded_log import CodedLog
 from es_agents.codec import AvroCodec
 from es_agents.core.commands import Command
 from es_agents.core.events import Event
@@ -96,7 +97,7 @@ class MemoryBroker:
 
 
 @final
-class MemoryEventLog:
+class MemoryEventLog(CodedLog):
     def __init__(
         self,
         broker: MemoryBroker,
@@ -108,21 +109,7 @@ class MemoryEventLog:
         self.broker = broker
         self.events_topic = events_topic
         self.commands_topic = commands_topic
-        self.codec = codec if codec is not None else AvroCodec()
-        self._restore: Callable[[Event], Event] = restore or (lambda event: event)
-
-    @property
-    def restore(self) -> Callable[[Event], Event]:
-        return self._restore
-
-    def encode(self, message: Event | Command) -> bytes:
-        return self.codec.encode(message)
-
-    def decode_event(self, data: bytes) -> Event:
-        return self.codec.decode_event(data)
-
-    def decode_command(self, data: bytes) -> Command:
-        return self.codec.decode_command(data)
+        super().__init__(codec, restore)
 
     def append(self, events: Sequence[Event]) -> list[Position]:
         return self.append_fenced(events, None)

@@ -21,6 +21,7 @@ from typing import Any, final
 
 import psycopg
 
+from es_agents.adapters.coded_log import CodedLog
 from es_agents.adapters.postgres import Database
 from es_agents.codec import AvroCodec
 from es_agents.core.commands import Command
@@ -94,7 +95,7 @@ def _append(
 
 
 @final
-class PostgresEventLog:
+class PostgresEventLog(CodedLog):
     """The ``EventLog`` port on Postgres tables."""
 
     def __init__(
@@ -106,22 +107,8 @@ class PostgresEventLog:
     ) -> None:
         self.db = db
         self.settings = settings
-        self.codec = codec if codec is not None else AvroCodec()
-        self._restore: Callable[[Event], Event] = restore or (lambda event: event)
+        super().__init__(codec, restore)
         self._partitions: int | None = None
-
-    @property
-    def restore(self) -> Callable[[Event], Event]:
-        return self._restore
-
-    def encode(self, message: Event | Command) -> bytes:
-        return self.codec.encode(message)
-
-    def decode_event(self, data: bytes) -> Event:
-        return self.codec.decode_event(data)
-
-    def decode_command(self, data: bytes) -> Command:
-        return self.codec.decode_command(data)
 
     # -- writing ---------------------------------------------------------------
     def append(self, events: Sequence[Event]) -> list[Position]:
@@ -181,11 +168,10 @@ class PostgresEventLog:
         except psycopg.Error as e:
             raise AppendError(f"{topic}: not appended: {e}") from e
 
-    def partition_count(self) -> int:
-        self.partition_for("")
-        return self._partitions or 0
-
     def partition_for(self, run_id: str) -> int:
+        return partition_for(run_id, self.partition_count())
+
+    def partition_count(self) -> int:
         if self._partitions is None:
             with self.db.transaction() as conn:
                 row = conn.execute(
@@ -199,7 +185,7 @@ class PostgresEventLog:
                     "(create it: es-agents topics)"
                 )
             self._partitions = count
-        return partition_for(run_id, self._partitions)
+        return self._partitions
 
     # -- reading ---------------------------------------------------------------
     def read_run(

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 
 def test_a_zombie_worker_cannot_append_after_losing_its_partitions(
-    env: dict[str, str], kafka_settings: KafkaSettings, tickets_url: str
+    env: dict[str, str], kafka_settings: KafkaSettings, tickets_url: str, tmp_path: Path
 ) -> None:
     env = {**env, "ES_AGENTS_SESSION_TIMEOUT_MS": "6000"}
     run_id = _start(kafka_settings, "slowpoke")
@@ -42,9 +42,10 @@ def test_a_zombie_worker_cannot_append_after_losing_its_partitions(
         cwd=ROOT,
         env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=(tmp_path / "zombie.log").open("w"),
         text=True,
     )
+    zombie_log = tmp_path / "zombie.log"
     try:
         deadline = time.monotonic() + 60
         while not any(
@@ -65,11 +66,15 @@ def test_a_zombie_worker_cannot_append_after_losing_its_partitions(
         assert replay(finished).status == "completed"
 
         zombie.send_signal(signal.SIGCONT)  # it wakes, its model call returns...
-        time.sleep(6)  # ...and it tries to append the outcome and the next intention
+        deadline = time.monotonic() + 30
+        while not any(w in zombie_log.read_text() for w in ("fenced", "not owned")):
+            assert time.monotonic() < deadline, zombie_log.read_text()[-3000:]
+            time.sleep(0.1)  # ...it tries to append, and is refused
     finally:
         zombie.send_signal(signal.SIGCONT)
         zombie.terminate()
-        _, stderr = zombie.communicate(timeout=60)
+        zombie.wait(60)
+    stderr = zombie_log.read_text()
     after = _events(kafka_settings, run_id)
     assert after == finished, "a fenced writer's append was accepted"
     assert "fenced" in stderr or "not owned by this worker" in stderr, stderr[-3000:]
