@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from es_agents.core.chain import ChainCheck
 from es_agents.core.events import (
     Event,
     ModelResponded,
@@ -32,7 +33,7 @@ from es_agents.core.run_row import run_row
 from es_agents.core.state import PendingModelCall, PendingToolCall, RunState
 from es_agents.errors import EsAgentsError
 from es_agents.ports import EffectLedger, EventLog, Projections
-from es_agents.replay import first_difference
+from es_agents.replay import first_difference, head_difference
 from es_agents.settings import ModelPrice
 
 
@@ -56,6 +57,7 @@ class RunAudit:
     keys_requested: dict[str, str] = field(default_factory=dict)  # call id -> key
     last_at: datetime | None = None
     broken: bool = False  # a gap or conflict: the fold stops here
+    chain: ChainCheck | None = None
 
 
 @dataclass
@@ -151,12 +153,19 @@ def audit(
             run = runs.get(record.key)
             if run is None:
                 run = runs[record.key] = RunAudit(record.key)
+                run.chain = ChainCheck(record.key)
+            chain = run.chain
+            assert chain is not None  # noqa: S101 - set with the run
             try:
                 event = log.restore(log.decode_event(record.value))
             except EsAgentsError as e:
                 run.problems.append(f"{partition}@{record.offset}: undecodable: {e}")
                 run.broken = True
+                chain.undecodable(record.value)
                 continue
+            broken = chain.add(event, record.value)
+            if broken is not None:
+                run.problems.append(f"{partition}@{record.offset}: {broken}")
             _apply(run, event, prices)
     if since is not None:
         runs = {k: r for k, r in runs.items() if r.last_at and r.last_at >= since}
@@ -252,7 +261,10 @@ def _check_runs(
             continue  # not projected (yet)
         seq = int(str(row["last_seq"]))
         if seq == state.seq:
-            found = first_difference("runs", dict(row), run_row(state), True)
+            columns = dict(row)
+            head = run.chain.head if run.chain else ""
+            found = head_difference(columns.pop("head", None), head)
+            found = found or first_difference("runs", columns, run_row(state), True)
             if found is not None:
                 run.problems.append(found)
         elif seq < state.seq:

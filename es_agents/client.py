@@ -20,6 +20,7 @@ from es_agents.core.commands import (
     Approve,
     Cancel,
     Command,
+    ForkRun,
     ProvideInput,
     Reject,
     StartRun,
@@ -118,6 +119,45 @@ class Client:
             return CommandResult(command, "refused", taken)
         position = self._log.send(command)
         return self._await(command, agent, position, wait)
+
+    def fork(
+        self,
+        origin_run: str,
+        at_seq: int,
+        run_id: str | None = None,
+        by: str | None = None,
+        wait: float = 10.0,
+    ) -> CommandResult:
+        """A new run whose log begins with ``origin_run``'s events up to ``at_seq``
+        (its completions kept, its effects neither reused nor repeated); the
+        origin's workers make it. Refused at once for an unknown origin, a seq the
+        origin has not reached, or a taken run id."""
+        self._check_topics()
+        origin = self._loader.load(origin_run, restore=False).state
+        command = ForkRun(
+            run_id=run_id or str(uuid.uuid4()),
+            agent=origin.agent if origin is not None else "",
+            origin_run=origin_run,
+            at_seq=at_seq,
+            by=by,
+        )
+        if origin is None:
+            return CommandResult(command, "refused", f"unknown run {origin_run}")
+        if at_seq > origin.seq:
+            return CommandResult(
+                command,
+                "refused",
+                f"run {origin_run} has no seq {at_seq} (its last is {origin.seq})",
+            )
+        exists = (
+            run_id is not None
+            and self._loader.load(run_id, restore=False).state is not None
+        )
+        taken = self._book.reserve_start(command, exists)
+        if taken is not None:
+            return CommandResult(command, "refused", taken)
+        position = self._log.send(command)
+        return self._await(command, origin.agent, position, wait)
 
     def approve(
         self,

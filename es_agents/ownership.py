@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from es_agents.core.events import Event
+from es_agents.core.chain import Sealed
 from es_agents.core.fold import fold
 from es_agents.core.state import RunState
 from es_agents.errors import DecodeError, EsAgentsError, FencedError
@@ -135,8 +135,8 @@ class LogWriter:
         self._log = log_
         self.committed_end = 0
 
-    def append(self, events: list[Event] | tuple[Event, ...]) -> None:
-        positions = self._log.append(events)
+    def append(self, records: Sequence[Sealed]) -> None:
+        positions = self._log.append_sealed(records)
         if positions:
             self.committed_end = max(self.committed_end, positions[-1].offset + 1)
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar
 
-from es_agents.core.commands import Command, StartRun
+from es_agents.core.chain import Sealed
+from es_agents.core.commands import Command, ForkRun, StartRun
 from es_agents.core.events import Event
 from es_agents.core.state import RunState
 
@@ -72,7 +73,12 @@ class EventLog(Protocol):
     def decode_command(self, data: bytes) -> Command: ...
 
     def append(self, events: Sequence[Event]) -> list[Position]:
-        """Return only after every event is durable, in order; raise otherwise."""
+        """Seal plain events (the hash chain, after the heads this log wrote) and
+        append them: for tools and tests that write whole runs."""
+        ...
+
+    def append_sealed(self, records: Sequence[Sealed]) -> list[Position]:
+        """Return only after every record is durable, in order; raise otherwise."""
         ...
 
     def send(self, command: Command) -> Position:
@@ -106,6 +112,18 @@ class EventLog(Protocol):
         (and at least to ``at_least``: an offset this process knows committed)."""
         ...
 
+    def read_sealed(
+        self,
+        run_id: str,
+        from_offset: int = 0,
+        at_least: int = 0,
+        restore: bool = True,
+        until_seq: int | None = None,
+    ) -> list[Sealed]:
+        """``read_run`` with each event's bytes as written (to check the chain);
+        ``until_seq``: stop once the run's event at that seq is read."""
+        ...
+
     def read_partition(
         self, topic: str, partition: int, start: int = 0, at_least: int = 0
     ) -> Iterator[Record]:
@@ -126,7 +144,7 @@ class PartitionWriter(Protocol):
         """The offset after this writer's last append (read your writes)."""
         ...
 
-    def append(self, events: Sequence[Event]) -> None: ...
+    def append(self, records: Sequence[Sealed]) -> None: ...
 
     def close(self) -> None: ...
 
@@ -273,7 +291,9 @@ class CommandBook(Protocol):
 
     def retire(self, worker_id: str, agent: str) -> None: ...
 
-    def reserve_start(self, command: StartRun, run_exists: bool) -> str | None:
+    def reserve_start(
+        self, command: StartRun | ForkRun, run_exists: bool
+    ) -> str | None:
         """Record a start as sent; the reason when its run id is taken."""
         ...
 
@@ -296,6 +316,7 @@ class Projected:
     snapshot_seq: int | None
     events: int
     projected_until: int
+    head: str = ""  # digest of the last projected event's bytes (the chain's head)
 
 
 class Projections(Protocol):
@@ -334,6 +355,11 @@ class Projections(Protocol):
 
     def run_rows(self, run_prefix: str = "") -> dict[str, dict[str, object]]:
         """Every ``runs`` row (run id -> columns of ``core.run_row``), for audits."""
+        ...
+
+    def first_offset(self, run_id: str) -> int | None:
+        """The log offset of the run's first event, if projected (forks read the
+        origin's log from there rather than from the partition's start)."""
         ...
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from es_agents.core.chain import ChainCheck
 from es_agents.core.events import (
     Event,
     Interrupted,
@@ -33,7 +34,7 @@ from es_agents.core.fold import fold
 from es_agents.core.run_row import run_row
 from es_agents.core.snapshot import to_snapshot
 from es_agents.core.state import RunState
-from es_agents.errors import EsAgentsError
+from es_agents.errors import DecodeError, EsAgentsError
 from es_agents.ports import EventLog, Projections
 from es_agents.settings import ModelPrice
 
@@ -50,6 +51,8 @@ class RunCheck:
     state: RunState | None
     mismatch: str | None = None  # the first differing field, with both values
     notes: list[str] = field(default_factory=list)
+    chain: list[str] = field(default_factory=list)  # where the hash chain breaks
+    head: str = ""  # digest of the last event's bytes
 
     @property
     def consistent(self) -> bool:
@@ -62,9 +65,19 @@ def check_run(  # noqa: PLR0911 - one return per way the check ends
     run_id: str,
     prices: Mapping[str, ModelPrice],
 ) -> RunCheck:
-    events = log.read_run(run_id)  # claim-checked payloads read back, hash-checked
+    try:  # claim-checked payloads read back, hash-checked
+        sealed = log.read_sealed(run_id)
+    except DecodeError as e:
+        return RunCheck(run_id, [], [], None, mismatch=f"the log does not decode: {e}")
+    events = [s.event for s in sealed]
     check = RunCheck(run_id, events, timeline(events, prices), None)
     if not events:
+        return check
+    chain = ChainCheck(run_id, keep_heads=True)
+    check.chain = [p for s in sealed if (p := chain.add(s.event, s.value))]
+    check.head = chain.head
+    if check.chain:
+        check.mismatch = f"tampered log: {check.chain[0]}"
         return check
     states = _folds(events)  # the state after each seq
     try:
@@ -84,9 +97,12 @@ def check_run(  # noqa: PLR0911 - one return per way the check ends
             return check
         if seq < check.state.seq:
             check.notes.append(f"projection behind: at seq {seq} of {check.state.seq}")
-        check.mismatch = first_difference(
-            "runs", dict(row), run_row(states[seq]), projection_first=True
-        )
+        columns = dict(row)
+        check.mismatch = head_difference(columns.pop("head", None), chain.heads[seq])
+        if check.mismatch is None:
+            check.mismatch = first_difference(
+                "runs", columns, run_row(states[seq]), projection_first=True
+            )
         if check.mismatch is not None:
             return check
     snapshot = projections.latest_snapshot(run_id)
@@ -102,6 +118,17 @@ def check_run(  # noqa: PLR0911 - one return per way the check ends
         f"run_snapshots@{seq}", stored, folded, projection_first=True
     )
     return check
+
+
+def head_difference(projected: object, logged: str) -> str | None:
+    """The ``runs`` row's chain head against the log's (a projection from before
+    the head was kept has none)."""
+    if not projected or projected == logged:
+        return None
+    return (
+        f"runs.head: projection {str(projected)[:16]}..., log {logged[:16]}...: "
+        "the log's last event is not the one projected (tampered)"
+    )
 
 
 def _folds(events: Sequence[Event]) -> dict[int, RunState]:

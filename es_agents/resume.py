@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from es_agents.core.chain import GENESIS
 from es_agents.core.fold import fold
 from es_agents.core.state import RunState
 from es_agents.ports import EventLog, Projections
@@ -26,6 +27,7 @@ class Loaded:
     snapshot_seq: int | None  # None: no snapshot was used
     events_from_db: int
     events_from_log: int
+    head: str = GENESIS  # digest of the last event's bytes: the next event's prev
 
 
 class RunLoader:
@@ -61,16 +63,19 @@ class RunLoader:
             run_id, partition, self.log.restore if restore else None
         )
         state = projected.state
+        head = projected.head
         tail = 0
-        for event in self.log.read_run(
+        for sealed in self.log.read_sealed(
             run_id,
             from_offset=projected.projected_until,
             at_least=at_least,
             restore=restore,
         ):
+            event = sealed.event
             if state is None or event.seq > state.seq:
                 state = fold(
                     state if state is not None else RunState(run_id=run_id), event
                 )
+                head = sealed.digest
                 tail += 1
-        return Loaded(state, projected.snapshot_seq, projected.events, tail)
+        return Loaded(state, projected.snapshot_seq, projected.events, tail, head)

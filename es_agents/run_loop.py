@@ -22,7 +22,15 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from es_agents import effects, model_steps
-from es_agents.core.commands import Approve, Command, FireTimer, Reject, StartRun
+from es_agents.core.chain import Sealed, seal
+from es_agents.core.commands import (
+    Approve,
+    Command,
+    FireTimer,
+    ForkRun,
+    Reject,
+    StartRun,
+)
 from es_agents.core.events import (
     Event,
     Interrupted,
@@ -31,6 +39,7 @@ from es_agents.core.events import (
     StatePatched,
 )
 from es_agents.core.fold import fold
+from es_agents.core.fork import fork_events
 from es_agents.core.gate import gate_events
 from es_agents.core.state import PendingModelCall, PendingToolCall, RunState, Versions
 from es_agents.core.step import (
@@ -143,11 +152,13 @@ class RunLoop:
         self.applied: list[int] = []
         self.verdicts: list[Decided] = []
         # Snapshot + at most K events (plus the projector's lag), not the whole log.
-        self.state: RunState | None = ctx.loader.load(
+        loaded = ctx.loader.load(
             actor.run_id,
             at_least=ctx.owned.committed_end(actor.partition),
             restore=restore,
-        ).state
+        )
+        self.state: RunState | None = loaded.state
+        self.head = loaded.head  # the hash chain's head: the next event's prev
 
     # -- appends -------------------------------------------------------------------
     def add(self, event_type: type[Event], **fields: object) -> Event:
@@ -169,16 +180,17 @@ class RunLoop:
         if self.buffer:
             if ctx.claims is not None:  # large payloads to the object store first
                 self.buffer = [ctx.claims.claim(e) for e in self.buffer]
-            self._check_sizes()
-            batch, self.buffer = self.buffer, []
+            sealed = self._seal()
+            batch, self.buffer = [s.event for s in sealed], []
             for event in batch:
                 ctx.probe.hit(f"before_append:{event.wire_name}")
             started = time.perf_counter()
             try:
-                self._append(batch)
+                self._append(sealed)
             except (AppendError, FencedError):
                 self.state = None  # not durable: forget what we folded
                 raise
+            self.head = sealed[-1].digest
             ctx.append_ms.append((time.perf_counter() - started) * 1000)
             ctx.probe.acked(batch)
             for event in batch:
@@ -189,23 +201,23 @@ class RunLoop:
         for offset in applied:
             ctx.done(self.actor.partition, offset)
 
-    def _check_sizes(self) -> None:
-        """An event the log would refuse ends the run, before anything of the batch
-        is appended; the events before it stay buffered for the failure record."""
+    def _seal(self) -> list[Sealed]:
+        """The buffer chained after the run's head and encoded once. An event the
+        log would refuse ends the run before anything of the batch is appended;
+        the events before it stay buffered for the failure record."""
+        sealed = seal(self.buffer, self.ctx.log.encode, self.head)
         limit = self.ctx.max_event_bytes
-        for i, event in enumerate(self.buffer):
-            if _text_size(event) * 4 + 4096 < limit:
-                continue  # far below the limit even as 4-byte UTF-8: no encoding
-            size = len(self.ctx.log.encode(event))
-            if size > limit:
+        for i, record in enumerate(sealed):
+            if len(record.value) > limit:
                 self.buffer = self.buffer[:i]
                 raise RunError(
                     "oversized_output",
-                    f"{event.wire_name} of {size} bytes exceeds the {limit}-byte "
-                    "event limit",
+                    f"{record.event.wire_name} of {len(record.value)} bytes exceeds "
+                    f"the {limit}-byte event limit",
                 )
+        return sealed
 
-    def _append(self, batch: list[Event]) -> None:
+    def _append(self, batch: list[Sealed]) -> None:
         epoch = self.ctx.owned.current_epoch(self.actor.partition)
         if epoch is None:
             raise FencedError(
@@ -286,6 +298,11 @@ class RunLoop:
             self.state = fold(RunState(run_id=command.run_id), event)
             self.buffer.append(event)
             return
+        if isinstance(command, ForkRun) and self.state is None:
+            if command.agent != mine:
+                raise NotMine
+            self.fork(command)
+            return
         if self.state is None:
             # A run this agent never started: another agent's run whose start is
             # not applied yet, or no run at all.
@@ -311,6 +328,25 @@ class RunLoop:
             raise
         except EsAgentsError as e:
             raise RunError("reducer_error", f"{command.wire_name}: {e}") from e
+
+    def fork(self, command: ForkRun) -> None:
+        """This run begins as a copy of the origin's log up to ``at_seq`` (read from
+        the origin's first event, payloads read back so the state is whole)."""
+        ctx = self.ctx
+        origin = command.origin_run
+        first = ctx.loader.projections.first_offset(origin)
+        sealed = ctx.log.read_sealed(
+            origin, from_offset=first or 0, until_seq=command.at_seq
+        )
+        head = next((s.digest for s in sealed if s.event.seq == command.at_seq), "")
+        events, state = fork_events([s.event for s in sealed], command, head)
+        self.state = state
+        self.buffer.extend(events)
+        waiting = state.waiting
+        if waiting is not None and waiting.wake_at is not None:  # asleep at the fork
+            ctx.timers.schedule(
+                timer_id(state.run_id, waiting.since_seq), state.run_id, waiting.wake_at
+            )
 
     def advance(self, state: RunState) -> None:
         pending = state.pending
@@ -375,14 +411,3 @@ class RunLoop:
                 timer_id(state.run_id, event.seq), state.run_id, step.wake_at
             )
         self.flush()
-
-
-def _text_size(event: Event) -> int:
-    """Characters of an event's text fields (tool calls included)."""
-    total = 0
-    for value in event.__dict__.values():
-        if isinstance(value, str):
-            total += len(value)
-        elif isinstance(value, tuple):
-            total += sum(len(str(item)) for item in value)
-    return total

@@ -29,7 +29,7 @@ from typing import Any
 
 from es_agents import containment
 from es_agents.agent import Agent, code_revision, declared_gates
-from es_agents.core.commands import Command, FireTimer, StartRun
+from es_agents.core.commands import Command, FireTimer, ForkRun, StartRun
 from es_agents.core.snapshot import REDUCER_VERSION
 from es_agents.core.state import Versions
 from es_agents.core.versions import StateMigration, VersionPolicy
@@ -49,6 +49,8 @@ from es_agents.run_loop import RunContext, RunLoop
 from es_agents.settings import Settings
 
 log = logging.getLogger(__name__)
+
+_STARTS = (StartRun.wire_name, ForkRun.wire_name)  # commands that create a run
 
 HEARTBEAT_SECONDS = 5.0
 
@@ -292,7 +294,7 @@ class Worker:
             return actor
 
     def _route(self, command: Command, partition: int, offset: int) -> None:
-        if isinstance(command, StartRun) and command.agent != self.agent.name:
+        if isinstance(command, StartRun | ForkRun) and command.agent != self.agent.name:
             _remember(self._others, command.run_id, command.agent)
             self.skip(partition, offset)  # that agent's own workers start it
             return
@@ -317,7 +319,7 @@ class Worker:
         if agent is not None:
             return agent
         for verdict in self.ports.book.for_run(run_id):
-            if verdict.type == StartRun.wire_name and verdict.status != "refused":
+            if verdict.type in _STARTS and verdict.status != "refused":
                 return verdict.agent
         return None
 

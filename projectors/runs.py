@@ -24,6 +24,7 @@ import psycopg
 
 from es_agents.adapters.postgres import Database
 from es_agents.adapters.postgres_projections import load_projected
+from es_agents.core.chain import digest
 from es_agents.core.events import Event, Interrupted, RunCompleted, RunFailed
 from es_agents.core.fold import fold
 from es_agents.core.run_row import RUN_COLUMNS, run_row
@@ -43,7 +44,7 @@ SNAPSHOT_EVENTS = (Interrupted, RunCompleted, RunFailed)
 class Batch:
     events: list[tuple[Any, ...]] = field(default_factory=list)
     snapshots: list[tuple[Any, ...]] = field(default_factory=list)
-    runs: dict[str, tuple[RunState, int, int]] = field(default_factory=dict)
+    runs: dict[str, tuple[RunState, int, int, str]] = field(default_factory=dict)
     offsets: dict[int, int] = field(default_factory=dict)
     dead: list[tuple[Any, ...]] = field(default_factory=list)
 
@@ -233,7 +234,7 @@ class Projector:
                 payload,
             )
         )
-        batch.runs[event.run_id] = (state, partition, offset)
+        batch.runs[event.run_id] = (state, partition, offset, digest(payload))
         snapshot = (event.seq + 1) % self.k == 0 or isinstance(event, SNAPSHOT_EVENTS)
         if snapshot and event.run_id not in self._incomplete:
             batch.snapshots.append(
@@ -309,7 +310,7 @@ class Projector:
                 )
             if batch.runs:
                 cur.executemany(
-                    _UPSERT_RUN, [_run_row(s, p, o) for s, p, o in batch.runs.values()]
+                    _UPSERT_RUN, [_run_row(*run) for run in batch.runs.values()]
                 )
             cur.executemany(
                 "INSERT INTO projector_offsets "
@@ -320,7 +321,7 @@ class Projector:
             )
 
 
-_COLUMNS = (*RUN_COLUMNS, "partition", "last_offset")
+_COLUMNS = (*RUN_COLUMNS, "partition", "last_offset", "head")
 _UPSERT_RUN = (
     f"INSERT INTO runs ({', '.join(_COLUMNS)}) "  # noqa: S608 - fixed column names
     f"VALUES ({', '.join(['%s'] * len(_COLUMNS))}) "
@@ -330,8 +331,10 @@ _UPSERT_RUN = (
 )
 
 
-def _run_row(state: RunState, partition: int, offset: int) -> tuple[Any, ...]:
-    return (*run_row(state).values(), partition, offset)
+def _run_row(
+    state: RunState, partition: int, offset: int, head: str
+) -> tuple[Any, ...]:
+    return (*run_row(state).values(), partition, offset, head)
 
 
 def _record(received: Received[bytes], topic: str) -> Record:

@@ -30,3 +30,8 @@ def script_of(
         for n in range(1, patches + 1)
     ]
     return events
+
+
+def unsealed(events: list[Event]) -> list[Event]:
+    """Events as a test made them: without the ``prev`` the log's sealing set."""
+    return [e.model_copy(update={"prev": ""}) for e in events]

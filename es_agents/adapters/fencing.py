@@ -25,7 +25,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 
 from es_agents.adapters.kafka import _client
 from es_agents.codec import AvroCodec
-from es_agents.core.events import Event
+from es_agents.core.chain import Sealed
 from es_agents.errors import AppendError, FencedError
 from es_agents.settings import KafkaSettings
 
@@ -70,16 +70,15 @@ class PartitionWriter:
         )
         self._thread.start()
 
-    def append(self, events: Sequence[Event]) -> None:
-        """Return once the events are committed; raise FencedError if fenced."""
+    def append(self, records: Sequence[Sealed]) -> None:
+        """Return once the records are committed; raise FencedError if fenced."""
         if self._fenced or self._closed:
             raise FencedError(
                 f"{self.topic}[{self.partition}]: this writer was "
                 + ("fenced" if self._fenced else "closed: the partition was revoked")
             )
         future: Future[None] = Future()
-        records = [(e.run_id, self.codec.encode(e)) for e in events]
-        self._queue.put((records, future))
+        self._queue.put(([(r.event.run_id, r.value) for r in records], future))
         future.result()
 
     def _run(self) -> None:

@@ -28,6 +28,7 @@ from confluent_kafka import (
 
 from es_agents.adapters.coded_log import CodedLog
 from es_agents.codec import AvroCodec
+from es_agents.core.chain import Sealed
 from es_agents.core.commands import Command
 from es_agents.core.events import Event
 from es_agents.errors import AppendError, ConfigError, DecodeError, Unavailable
@@ -250,13 +251,9 @@ class KafkaEventLog(CodedLog):
         self._partitions: int | None = None
 
     # -- writing ---------------------------------------------------------------
-    def append(self, events: Sequence[Event]) -> list[Position]:
-        futures = [
-            self.link.produce(
-                self.settings.events_topic, e.run_id, self.codec.encode(e)
-            )
-            for e in events
-        ]
+    def append_sealed(self, records: Sequence[Sealed]) -> list[Position]:
+        topic = self.settings.events_topic
+        futures = [self.link.produce(topic, r.event.run_id, r.value) for r in records]
         return self.link.wait(futures)
 
     def send(self, command: Command) -> Position:
@@ -288,24 +285,32 @@ class KafkaEventLog(CodedLog):
         return partition_for(run_id, self._partitions)
 
     # -- reading ---------------------------------------------------------------
-    def read_run(
+    def read_sealed(
         self,
         run_id: str,
         from_offset: int = 0,
         at_least: int = 0,
         restore: bool = True,
-    ) -> list[Event]:
+        until_seq: int | None = None,
+    ) -> list[Sealed]:
         """The run's events from ``from_offset`` of its partition to the current end
-        (and at least to ``at_least``: see ``read_partition``), claim-checked
-        payloads read back (``restore``)."""
+        (and at least to ``at_least``: see ``read_partition``) or to ``until_seq``,
+        claim-checked payloads read back (``restore``), each with its bytes as
+        written."""
         partition = self.partition_for(run_id)
-        events: list[Event] = []
-        for record in self.read_partition(
+        events: list[Sealed] = []
+        records = self.read_partition(
             self.settings.events_topic, partition, from_offset, at_least=at_least
-        ):
+        )
+        for record in records:
             if record.key == run_id:
                 event = self._decode_at(record)
-                events.append(self._restore(event) if restore else event)
+                events.append(
+                    Sealed(self._restore(event) if restore else event, record.value)
+                )
+                if until_seq is not None and event.seq >= until_seq:
+                    records.close()  # type: ignore[attr-defined]
+                    break
         return events
 
     def end_offset(self, topic: str, partition: int) -> int:

@@ -10,7 +10,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import final
 
-from es_agents.core.commands import Command, StartRun
+from es_agents.core.commands import Command, ForkRun, StartRun
 from es_agents.core.events import Event
 from es_agents.errors import ConfigError, PayloadUnavailable
 from es_agents.ports import (
@@ -133,7 +133,9 @@ class MemoryCommandBook:
                     v.command.wire_name,
                     v.status,
                     v.reason,
-                    v.command.agent if isinstance(v.command, StartRun) else None,
+                    v.command.agent
+                    if isinstance(v.command, StartRun | ForkRun)
+                    else None,
                     old.sent_at if old is not None else None,
                     now,
                 )
@@ -166,12 +168,14 @@ class MemoryCommandBook:
             if found is not None:
                 self._agents[agent] = (replace(found[0], stopped=True), found[1])
 
-    def reserve_start(self, command: StartRun, run_exists: bool) -> str | None:
+    def reserve_start(
+        self, command: StartRun | ForkRun, run_exists: bool
+    ) -> str | None:
         with self._lock:
             for v in self._verdicts.values():
                 if (
                     v.run_id == command.run_id
-                    and v.type == StartRun.wire_name
+                    and v.type in (StartRun.wire_name, ForkRun.wire_name)
                     and v.status != "refused"
                 ):
                     if v.command_id == command.command_id:
@@ -194,7 +198,7 @@ class MemoryCommandBook:
                     command.wire_name,
                     "sent",
                     None,
-                    command.agent if isinstance(command, StartRun) else None,
+                    command.agent if isinstance(command, StartRun | ForkRun) else None,
                     datetime.now(UTC),
                 ),
             )
@@ -250,3 +254,6 @@ class MemoryProjections:
 
     def run_rows(self, run_prefix: str = "") -> dict[str, dict[str, object]]:
         return {}
+
+    def first_offset(self, run_id: str) -> int | None:
+        return None

@@ -18,6 +18,7 @@ from typing import Generic, TypeVar, final
 
 from es_agents.adapters.coded_log import CodedLog
 from es_agents.codec import AvroCodec
+from es_agents.core.chain import Sealed
 from es_agents.core.commands import Command
 from es_agents.core.events import Event
 from es_agents.dead_letters import DeadLetterQueue
@@ -111,13 +112,13 @@ class MemoryEventLog(CodedLog):
         self.commands_topic = commands_topic
         super().__init__(codec, restore)
 
-    def append(self, events: Sequence[Event]) -> list[Position]:
-        return self.append_fenced(events, None)
+    def append_sealed(self, records: Sequence[Sealed]) -> list[Position]:
+        return self.append_fenced(records, None)
 
     def append_fenced(
-        self, events: Sequence[Event], fence: tuple[str, int, int] | None
+        self, records: Sequence[Sealed], fence: tuple[str, int, int] | None
     ) -> list[Position]:
-        rows = [(e.run_id, e.seq, self.codec.encode(e), ()) for e in events]
+        rows = [(r.event.run_id, r.event.seq, r.value, ()) for r in records]
         return self.broker.append(self.events_topic, rows, fence)
 
     def send(self, command: Command) -> Position:
@@ -138,19 +139,24 @@ class MemoryEventLog(CodedLog):
     def partition_for(self, run_id: str) -> int:
         return partition_for(run_id, self.partition_count())
 
-    def read_run(
+    def read_sealed(
         self,
         run_id: str,
         from_offset: int = 0,
         at_least: int = 0,
         restore: bool = True,
-    ) -> list[Event]:
+        until_seq: int | None = None,
+    ) -> list[Sealed]:
         events = []
         partition = self.partition_for(run_id)
         for rec in self.read_partition(self.events_topic, partition, from_offset):
             if rec.key == run_id:
                 event = self.codec.decode_event(rec.value)
-                events.append(self._restore(event) if restore else event)
+                events.append(
+                    Sealed(self._restore(event) if restore else event, rec.value)
+                )
+                if until_seq is not None and event.seq >= until_seq:
+                    break
         return events
 
     def read_partition(
@@ -174,10 +180,10 @@ class MemoryPartitionWriter:
         self._closed = False
         self.committed_end = 0
 
-    def append(self, events: Sequence[Event]) -> None:
+    def append(self, records: Sequence[Sealed]) -> None:
         if self._closed:
             raise FencedError(f"partition {self._fence[1]}: writer closed (revoked)")
-        positions = self._log.append_fenced(events, self._fence)
+        positions = self._log.append_fenced(records, self._fence)
         if positions:
             self.committed_end = max(self.committed_end, positions[-1].offset + 1)
 

@@ -16,7 +16,7 @@ from typing import final
 import psycopg
 
 from es_agents.adapters.postgres import Database
-from es_agents.core.commands import Command, StartRun
+from es_agents.core.commands import Command, ForkRun, StartRun
 from es_agents.errors import Unavailable
 from es_agents.ports import Decided, ServedAgent, Verdict
 
@@ -45,7 +45,7 @@ class PostgresCommandBook:
                 self._prefix,
                 v.command.run_id,
                 v.command.wire_name,
-                v.command.agent if isinstance(v.command, StartRun) else None,
+                v.command.agent if isinstance(v.command, StartRun | ForkRun) else None,
                 v.status,
                 v.reason,
             )
@@ -107,7 +107,9 @@ class PostgresCommandBook:
             )
 
     # -- the client's side -------------------------------------------------------------
-    def reserve_start(self, command: StartRun, run_exists: bool) -> str | None:
+    def reserve_start(
+        self, command: StartRun | ForkRun, run_exists: bool
+    ) -> str | None:
         """Record a start as sent unless its run id is taken; return why it is taken.
 
         A transaction-scoped advisory lock on the run id makes two concurrent starts
@@ -121,7 +123,8 @@ class PostgresCommandBook:
                 )
                 row = conn.execute(
                     f"SELECT {_COLUMNS} FROM commands WHERE prefix = %s "  # noqa: S608
-                    "AND run_id = %s AND type = 'start_run' AND status <> 'refused' "
+                    "AND run_id = %s AND type IN ('start_run', 'fork_run') "
+                    "AND status <> 'refused' "
                     "ORDER BY sent_at NULLS LAST LIMIT 1",
                     (self._prefix, command.run_id),
                 ).fetchone()
@@ -158,7 +161,7 @@ class PostgresCommandBook:
                 self._prefix,
                 c.run_id,
                 c.wire_name,
-                c.agent if isinstance(c, StartRun) else None,
+                c.agent if isinstance(c, StartRun | ForkRun) else None,
             ),
         )
 

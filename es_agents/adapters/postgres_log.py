@@ -24,6 +24,7 @@ import psycopg
 from es_agents.adapters.coded_log import CodedLog
 from es_agents.adapters.postgres import Database
 from es_agents.codec import AvroCodec
+from es_agents.core.chain import Sealed
 from es_agents.core.commands import Command
 from es_agents.core.events import Event
 from es_agents.errors import AppendError, ConfigError, DecodeError, FencedError
@@ -111,18 +112,19 @@ class PostgresEventLog(CodedLog):
         self._partitions: int | None = None
 
     # -- writing ---------------------------------------------------------------
-    def append(self, events: Sequence[Event]) -> list[Position]:
-        return self.append_fenced(events, None)
+    def append_sealed(self, records: Sequence[Sealed]) -> list[Position]:
+        return self.append_fenced(records, None)
 
     def append_fenced(
-        self, events: Sequence[Event], fence: tuple[str, int, int] | None
+        self, records: Sequence[Sealed], fence: tuple[str, int, int] | None
     ) -> list[Position]:
         """Append in one transaction; ``fence`` (group, partition, epoch): only while
         the partition's epoch is still this one."""
         by_partition: dict[int, list[tuple[str, int | None, bytes, str | None]]] = {}
-        for e in events:
+        for r in records:
+            e = r.event
             by_partition.setdefault(self.partition_for(e.run_id), []).append(
-                (e.run_id, e.seq, self.codec.encode(e), None)
+                (e.run_id, e.seq, r.value, None)
             )
         topic = self.settings.events_topic
         positions: list[Position] = []
@@ -188,30 +190,38 @@ class PostgresEventLog(CodedLog):
         return self._partitions
 
     # -- reading ---------------------------------------------------------------
-    def read_run(
+    def read_sealed(
         self,
         run_id: str,
         from_offset: int = 0,
         at_least: int = 0,
         restore: bool = True,
-    ) -> list[Event]:
-        """The run's events from ``from_offset`` (committed appends are visible at
-        once here: ``at_least`` needs no wait)."""
+        until_seq: int | None = None,
+    ) -> list[Sealed]:
+        """The run's events from ``from_offset`` in log order (committed appends
+        are visible at once here: ``at_least`` needs no wait)."""
         with self.db.transaction() as conn:
             rows = conn.execute(
                 'SELECT value, partition, "offset" FROM log_records WHERE topic = %s '
-                'AND key = %s AND "offset" >= %s AND seq IS NOT NULL ORDER BY seq',
-                (self.settings.events_topic, run_id, from_offset),
+                'AND key = %s AND "offset" >= %s AND seq IS NOT NULL '
+                'AND seq <= %s ORDER BY "offset"',
+                (
+                    self.settings.events_topic,
+                    run_id,
+                    from_offset,
+                    2**63 - 1 if until_seq is None else until_seq,
+                ),
             ).fetchall()
         events = []
         for value, partition, offset in rows:
+            raw = bytes(value)
             try:
-                event = self.codec.decode_event(bytes(value))
+                event = self.codec.decode_event(raw)
             except DecodeError as e:
                 raise DecodeError(
                     f"{self.settings.events_topic}[{partition}]@{offset}: {e}"
                 ) from e
-            events.append(self._restore(event) if restore else event)
+            events.append(Sealed(self._restore(event) if restore else event, raw))
         return events
 
     def read_partition(
@@ -278,13 +288,13 @@ class PostgresPartitionWriter:
         self._closed = False
         self.committed_end = 0
 
-    def append(self, events: Sequence[Event]) -> None:
+    def append(self, records: Sequence[Sealed]) -> None:
         if self._closed:
             raise FencedError(
                 f"partition {self._fence[1]}: this writer was closed: the partition "
                 "was revoked"
             )
-        positions = self._log.append_fenced(events, self._fence)
+        positions = self._log.append_fenced(records, self._fence)
         if positions:
             self.committed_end = max(self.committed_end, positions[-1].offset + 1)
 

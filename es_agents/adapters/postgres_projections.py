@@ -9,6 +9,7 @@ from typing import Any, final
 import psycopg
 
 from es_agents.adapters.postgres import Database
+from es_agents.core.chain import GENESIS, digest
 from es_agents.core.events import Event
 from es_agents.core.fold import fold
 from es_agents.core.run_row import RUN_COLUMNS
@@ -19,21 +20,30 @@ from es_agents.ports import Projected
 
 log = logging.getLogger(__name__)
 
+# A runs row: the columns the fold determines, and the head of the run's hash chain.
+_NAMES = (*RUN_COLUMNS, "head")
+_COLUMNS = ", ".join(_NAMES)
+
 
 def load_projected(
     conn: psycopg.Connection[Any],
     decode: Callable[[bytes], Event],
     run_id: str,
     restore: Callable[[Event], Event] | None = None,
-) -> tuple[RunState | None, int | None, int]:
+) -> tuple[RunState | None, int | None, int, str]:
     """The latest snapshot (of this reducer version) plus the projected events after
-    it: (state, snapshot seq or None, number of events folded). O(K)."""
+    it: (state, snapshot seq or None, number of events folded, the chain's head:
+    the digest of the last event's bytes). O(K)."""
     row = conn.execute(
-        "SELECT seq, state FROM run_snapshots WHERE run_id = %s "
-        "AND reducer_version = %s ORDER BY seq DESC LIMIT 1",
+        "SELECT s.seq, s.state, e.payload FROM run_snapshots s LEFT JOIN run_events e "
+        "ON e.run_id = s.run_id AND e.seq = s.seq WHERE s.run_id = %s "
+        "AND s.reducer_version = %s ORDER BY s.seq DESC LIMIT 1",
         (run_id, REDUCER_VERSION),
     ).fetchone()
     state = None
+    head = GENESIS
+    if row is not None and row[2] is not None:
+        head = digest(bytes(row[2]))
     if row is not None:
         try:
             state = from_snapshot(row[1])
@@ -49,12 +59,14 @@ def load_projected(
         "SELECT payload FROM run_events WHERE run_id = %s AND seq > %s ORDER BY seq",
         (run_id, after),
     ):
-        event = decode(bytes(payload))
+        raw = bytes(payload)
+        event = decode(raw)
         if restore is not None:
             event = restore(event)
         state = fold(state if state is not None else RunState(run_id=run_id), event)
         folded += 1
-    return state, (row[0] if row is not None else None), folded
+        head = digest(raw)
+    return state, (row[0] if row is not None else None), folded, head
 
 
 @final
@@ -88,11 +100,11 @@ class PostgresProjections:
     ) -> Projected:
         with self._db.transaction() as conn:
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            state, snapshot_seq, folded = load_projected(
+            state, snapshot_seq, folded, head = load_projected(
                 conn, self._decode, run_id, restore
             )
             offset = self._offset(conn, partition)
-        return Projected(state, snapshot_seq, folded, offset)
+        return Projected(state, snapshot_seq, folded, offset, head)
 
     def running(self, partition: int, agent: str) -> set[str]:
         with self._db.transaction() as conn:
@@ -126,13 +138,12 @@ class PostgresProjections:
         return [(str(t), int(p), int(o), str(r)) for t, p, o, r in rows]
 
     def run_row(self, run_id: str) -> dict[str, object] | None:
-        columns = ", ".join(RUN_COLUMNS)
         with self._db.transaction() as conn:
             row = conn.execute(
-                f"SELECT {columns} FROM runs WHERE run_id = %s",  # noqa: S608
+                f"SELECT {_COLUMNS} FROM runs WHERE run_id = %s",  # noqa: S608
                 (run_id,),
             ).fetchone()
-        return None if row is None else dict(zip(RUN_COLUMNS, row, strict=True))
+        return None if row is None else dict(zip(_NAMES, row, strict=True))
 
     def latest_snapshot(self, run_id: str) -> tuple[int, object] | None:
         with self._db.transaction() as conn:
@@ -144,13 +155,20 @@ class PostgresProjections:
         return None if row is None else (int(row[0]), row[1])
 
     def run_rows(self, run_prefix: str = "") -> dict[str, dict[str, object]]:
-        columns = ", ".join(RUN_COLUMNS)
         with self._db.transaction() as conn:
             rows = conn.execute(
-                f"SELECT {columns} FROM runs WHERE starts_with(run_id, %s)",  # noqa: S608
+                f"SELECT {_COLUMNS} FROM runs WHERE starts_with(run_id, %s)",  # noqa: S608
                 (run_prefix,),
             ).fetchall()
-        return {str(r[0]): dict(zip(RUN_COLUMNS, r, strict=True)) for r in rows}
+        return {str(r[0]): dict(zip(_NAMES, r, strict=True)) for r in rows}
+
+    def first_offset(self, run_id: str) -> int | None:
+        with self._db.transaction() as conn:
+            row = conn.execute(
+                'SELECT "offset" FROM run_events WHERE run_id = %s AND seq = 0',
+                (run_id,),
+            ).fetchone()
+        return None if row is None else int(row[0])
 
     def runs(self, status: str | None, limit: int) -> list[dict[str, object]]:
         with self._db.transaction() as conn:

@@ -87,6 +87,40 @@ def start_run(  # noqa: PLR0917 - click passes options positionally
     _report(result, as_json, quiet_applied=True)
 
 
+@cli.command()
+@click.argument("run_id")
+@click.option(
+    "--at",
+    "at_seq",
+    type=click.IntRange(min=0),
+    required=True,
+    help="The origin's last event to copy (its seq).",
+)
+@click.option("--run-id", "new_run_id", default=None, help="Default: a new UUID.")
+@click.option("--by", default=None, help="Who forks (recorded in the fork).")
+@wait_options
+@click.option("--json", "as_json", is_flag=True)
+def fork(  # noqa: PLR0917 - click passes options positionally
+    run_id: str,
+    at_seq: int,
+    new_run_id: str | None,
+    by: str | None,
+    wait_seconds: float,
+    no_wait: bool,
+    as_json: bool,
+) -> None:
+    """A new run whose log begins with RUN's events up to --at: recorded
+    completions kept (no model call re-issued), its own idempotency keys (no effect
+    of RUN reused or repeated). RUN is untouched. Prints the new run id."""
+    with client() as c:
+        result = c.fork(
+            run_id, at_seq, new_run_id, by, wait=0 if no_wait else wait_seconds
+        )
+    if not as_json and result.status != "refused":
+        click.echo(result.run_id)
+    _report(result, as_json, quiet_applied=True)
+
+
 def _require_json(text: str, option: str) -> None:
     try:
         json.loads(text)

@@ -50,7 +50,7 @@ def replay(run_id: str, as_json: bool, record_to: str | None) -> None:
         check = check_run(ports.log, ports.projections, run_id, settings.prices)
     finally:
         ports.close()
-    if not check.events:
+    if not check.events and check.mismatch is None:
         click.echo(f"unknown run {run_id}: the log has no events for it", err=True)
         sys.exit(2)
     state = check.state
@@ -62,6 +62,7 @@ def replay(run_id: str, as_json: bool, record_to: str | None) -> None:
         "consistent": check.consistent,
         "mismatch": check.mismatch,
         "notes": check.notes,
+        "chain": {"intact": not check.chain, "breaks": check.chain, "head": check.head},
     }
     if as_json:
         for entry in check.timeline:
@@ -76,6 +77,12 @@ def replay(run_id: str, as_json: bool, record_to: str | None) -> None:
             )
         for note in check.notes:
             click.echo(f"note: {note}")
+        if check.events:
+            click.echo(
+                f"hash chain: intact, head {check.head[:16]}..."
+                if not check.chain
+                else f"hash chain: {len(check.chain)} break(s)"
+            )
         click.echo(
             "projection: consistent with the log"
             if check.consistent

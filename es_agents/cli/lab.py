@@ -79,6 +79,16 @@ def bench_audit_command(events: int) -> None:
     bench_audit(events, click.echo)
 
 
+@bench.command("fork")
+@click.option("--events", type=int, default=10_000, show_default=True)
+@click.option("--repeats", type=int, default=5, show_default=True)
+def bench_fork_command(events: int, repeats: int) -> None:
+    """The time to fork a run of --events events, on a scratch topic."""
+    from es_agents.lab.bench_fork import bench_fork  # noqa: PLC0415
+
+    bench_fork(events, repeats, click.echo)
+
+
 @bench.command("chaos")
 @click.option("--minutes", type=float, default=15, show_default=True)
 @click.option("--seed", type=int, default=1, show_default=True)

@@ -31,6 +31,18 @@ class StartRun(Command):
     input_json: str = "{}"
 
 
+class ForkRun(Command):
+    """Start ``run_id`` as a copy of ``origin_run`` up to ``at_seq``; ``agent`` is the
+    origin's, so that agent's workers apply it."""
+
+    wire_name: ClassVar[str] = "fork_run"
+
+    agent: str
+    origin_run: str = Field(min_length=1)
+    at_seq: int = Field(ge=0, le=2**63 - 1)
+    by: str | None = None
+
+
 class Approve(Command):
     wire_name: ClassVar[str] = "approve"
 
@@ -70,5 +82,5 @@ class FireTimer(Command):
 
 COMMAND_TYPES: dict[str, type[Command]] = {
     cls.wire_name: cls
-    for cls in (StartRun, Approve, Reject, ProvideInput, Cancel, FireTimer)
+    for cls in (StartRun, ForkRun, Approve, Reject, ProvideInput, Cancel, FireTimer)
 }

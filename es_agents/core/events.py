@@ -1,7 +1,8 @@
 """Run events: past-tense facts, one Avro schema each (``schemas/events``).
 
 Every event carries the run id (the Kafka key), a per-run sequence number, the step it
-belongs to, a unique event id and the writer's time. The schema version is not a field:
+belongs to, a unique event id, the writer's time and ``prev``, the hash of its run's
+previous event as written (``es_agents.chain``). The schema version is not a field:
 the codec identifies the writer schema on the wire by its fingerprint.
 """
 
@@ -35,6 +36,9 @@ class Event(BaseModel):
     step: int = Field(ge=0, le=2**31 - 1)  # Avro int
     event_id: str = Field(default_factory=new_id)
     at: datetime = Field(default_factory=utc_now)
+    # Hex SHA-256 of the run's previous event's bytes as written; "" for run_started.
+    # Set when the event is sealed for the log (es_agents.chain), not by the planner.
+    prev: str = ""
 
 
 class ToolCall(BaseModel):
@@ -165,6 +169,19 @@ class Migrated(Event):
     changes_json: str = "{}"
 
 
+class Forked(Event):
+    """This run's log so far is a copy of another run's up to ``origin_seq`` (with
+    this run's id and its own idempotency keys); it goes on from here."""
+
+    wire_name: ClassVar[str] = "forked"
+
+    origin_run: str
+    origin_seq: int
+    origin_head: str  # digest of the origin's event at origin_seq: the chains' link
+    command_id: str
+    by: str | None = None
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.wire_name: cls
     for cls in (
@@ -179,5 +196,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
         RunCompleted,
         RunFailed,
         Migrated,
+        Forked,
     )
 }

@@ -15,6 +15,7 @@ from functools import singledispatch
 
 from es_agents.core.events import (
     Event,
+    Forked,
     Interrupted,
     Migrated,
     ModelCallRequested,
@@ -273,3 +274,11 @@ def _(event: Migrated, state: RunState) -> None:
         versions = changes.get("versions")
         if isinstance(versions, dict):
             state.versions = Versions(**versions)
+
+
+@_apply.register
+def _(event: Forked, state: RunState) -> None:
+    _require_started(state, event)
+    state.origin_run = event.origin_run  # a fork of a fork names its own origin
+    state.origin_seq = event.origin_seq
+    state.command_ids.add(event.command_id)

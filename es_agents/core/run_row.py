@@ -32,6 +32,8 @@ RUN_COLUMNS = (
     "error",
     "started_at",
     "updated_at",
+    "origin_run",
+    "origin_seq",
 )
 
 
@@ -63,5 +65,7 @@ def run_row(state: RunState) -> dict[str, object]:
         state.error,
         state.started_at,
         state.updated_at,
+        state.origin_run,
+        state.origin_seq,
     )
     return dict(zip(RUN_COLUMNS, values, strict=True))

@@ -73,6 +73,11 @@ def to_snapshot(state: RunState) -> dict[str, JsonValue]:
         "last_gate": state.last_gate,
         "started_at": _time(state.started_at),
         "updated_at": _time(state.updated_at),
+        **(
+            {"origin_run": state.origin_run, "origin_seq": state.origin_seq}
+            if state.origin_run is not None
+            else {}
+        ),
     }
 
 
@@ -123,4 +128,6 @@ def from_snapshot(data: dict[str, Any]) -> RunState:
         last_gate=data.get("last_gate"),
         started_at=_parse_time(data.get("started_at")),
         updated_at=_parse_time(data.get("updated_at")),
+        origin_run=data.get("origin_run"),
+        origin_seq=data.get("origin_seq"),
     )

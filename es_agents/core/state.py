@@ -107,6 +107,9 @@ class RunState:
     last_gate: dict[str, JsonValue] | None = None
     started_at: datetime | None = None
     updated_at: datetime | None = None
+    # A fork: the run its log was copied from, and the last seq copied.
+    origin_run: str | None = None
+    origin_seq: int | None = None
 
     @property
     def terminal(self) -> bool:

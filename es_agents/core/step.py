@@ -22,6 +22,7 @@ from es_agents.core.commands import (
     Cancel,
     Command,
     FireTimer,
+    ForkRun,
     ProvideInput,
     Reject,
     StartRun,
@@ -155,13 +156,13 @@ def decide(  # noqa: PLR0912 - one branch per command and verdict
     Returns ``[]`` for a command already applied. Raises ``Refused`` with the reason
     otherwise; a refusal changes nothing. ``state`` is updated with the new events.
     """
-    if isinstance(command, StartRun):
+    if isinstance(command, StartRun | ForkRun):
         if state is not None:
             if command.command_id in state.command_ids:
                 _same_as_applied(state, command)
                 return []
             raise Refused(f"run {command.run_id} already exists")
-        raise Refused("start_run is applied by the worker with the agent's versions")
+        raise Refused(f"{command.wire_name} is applied by the agent's worker")
     if state is None:
         raise Refused(f"unknown run {command.run_id}")
     if command.command_id in state.command_ids:
@@ -222,6 +223,11 @@ def _same_as_applied(state: RunState, command: Command) -> None:
     run keeps only its id in the state, so a reuse of that id is a no-op.
     """
     differs: list[str] = []
+    if isinstance(command, ForkRun) and (state.origin_run, state.origin_seq) != (
+        command.origin_run,
+        command.at_seq,
+    ):
+        differs.append(f"a fork of {state.origin_run}@{state.origin_seq}")
     if isinstance(command, StartRun):
         if command.agent != state.agent:
             differs.append(f"agent {command.agent!r}, not {state.agent!r}")

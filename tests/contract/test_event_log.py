@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 
+from es_agents.core.chain import GENESIS, Sealed, seal_runs, verify
 from es_agents.core.events import Event, RunStarted, StatePatched
 from es_agents.core.fold import replay
 from es_agents.errors import FencedError
@@ -51,9 +52,15 @@ def test_appends_read_back_in_order_at_once(ports: Ports, settings: Settings) ->
             assert positions == sorted(positions, key=lambda p: p.offset)
             written[run_id] += batch
             end = log.end_offset(settings.kafka.events_topic, positions[0].partition)
-            assert log.read_run(run_id, at_least=end) == written[run_id]
+            back = log.read_run(run_id, at_least=end)
+            # As written, but sealed: each names its predecessor's digest in prev.
+            assert [e.model_copy(update={"prev": ""}) for e in back] == written[run_id]
     for run_id in runs:
-        assert [e.seq for e in log.read_run(run_id)] == list(range(12))
+        sealed = log.read_sealed(run_id)
+        assert [s.event.seq for s in sealed] == list(range(12))
+        # Appends of one run in several calls chain on: the log is one chain.
+        assert sealed[0].event.prev == GENESIS
+        assert verify(run_id, [(s.event, s.value) for s in sealed]) == []
 
 
 def test_reads_from_an_offset_and_by_partition(
@@ -78,15 +85,20 @@ def test_a_stale_owner_cannot_append(ports: Ports, settings: Settings) -> None:
     run_id = f"r-{uuid.uuid4().hex[:8]}"
     partition = ports.log.partition_for(run_id)
     group = f"{settings.kafka.topic_prefix}.contract"
+    heads: dict[str, str] = {}
+
+    def sealed(first: int, count: int) -> list[Sealed]:
+        return seal_runs(_run(run_id, first, count), ports.log.encode, heads)
+
     old = ports.writer(group, partition, ports.projections.next_epoch(group, partition))
-    old.append(_run(run_id, 0, 2))
+    old.append(sealed(0, 2))
     new = ports.writer(group, partition, ports.projections.next_epoch(group, partition))
     with pytest.raises(FencedError):
-        old.append(_run(run_id, 2, 1))
-    new.append(_run(run_id, 2, 2))
+        old.append(sealed(2, 1))
+    new.append(sealed(2, 2))
     assert new.committed_end > 0
     with pytest.raises(FencedError):
-        old.append(_run(run_id, 4, 1))
+        old.append(sealed(4, 1))
     events = ports.log.read_run(run_id, at_least=new.committed_end)
     assert [e.seq for e in events] == [0, 1, 2, 3]
     old.close()

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from es_agents.core import replay
-from es_agents.core.events import ModelCallRequested
+from es_agents.core.chain import Sealed, seal_runs
+from es_agents.core.events import Event, ModelCallRequested
 from es_agents.lab.demo import run_worker, ticket_stats
 from es_agents.settings import KafkaSettings
 from tests.integration.test_runtime import _events, _start
@@ -96,21 +97,28 @@ def test_the_broker_refuses_the_older_writer_of_a_partition(
     codec = AvroCodec()
     run_id = "run-fence"
     partition = partition_for(run_id, kafka_settings.partitions)
+    heads: dict[str, str] = {}
+
+    def sealed(event: Event) -> list[Sealed]:
+        return seal_runs([event], codec.encode, heads)
+
     old = PartitionWriter(kafka_settings, codec, "g", partition)
     old.append(
-        [
+        sealed(
             RunStarted(
                 run_id=run_id, seq=0, step=0, agent="x", input_json="{}", command_id="c"
             )
-        ]
+        )
     )
     new = PartitionWriter(kafka_settings, codec, "g", partition)  # the next owner
     with pytest.raises(FencedError, match="fenced"):
         old.append(
-            [StatePatched(run_id=run_id, seq=1, step=0, key="zombie", value_json="1")]
+            sealed(
+                StatePatched(run_id=run_id, seq=1, step=0, key="zombie", value_json="1")
+            )
         )
     new.append(
-        [StatePatched(run_id=run_id, seq=1, step=0, key="owner", value_json="1")]
+        sealed(StatePatched(run_id=run_id, seq=1, step=0, key="owner", value_json="1"))
     )
     old.close()
     new.close()
@@ -137,22 +145,35 @@ def test_a_writer_reads_its_own_commits_at_once(kafka_settings: KafkaSettings) -
     partition = partition_for(run_id, kafka_settings.partitions)
     writer = PartitionWriter(kafka_settings, AvroCodec(), "ryw", partition)
     log = KafkaEventLog(kafka_settings)
+    heads: dict[str, str] = {}
+
+    def sealed(events: list[Event]) -> list[Sealed]:
+        return seal_runs(events, log.encode, heads)
+
     try:
         writer.append(
-            [
-                RunStarted(
-                    run_id=run_id,
-                    seq=0,
-                    step=0,
-                    agent="x",
-                    input_json="{}",
-                    command_id="c",
-                )
-            ]
+            sealed(
+                [
+                    RunStarted(
+                        run_id=run_id,
+                        seq=0,
+                        step=0,
+                        agent="x",
+                        input_json="{}",
+                        command_id="c",
+                    )
+                ]
+            )
         )
         for seq in range(1, 60):
             writer.append(
-                [StatePatched(run_id=run_id, seq=seq, step=0, key="k", value_json="1")]
+                sealed(
+                    [
+                        StatePatched(
+                            run_id=run_id, seq=seq, step=0, key="k", value_json="1"
+                        )
+                    ]
+                )
             )
             end = writer.committed_end
             seen = log.read_run(run_id, from_offset=end - 1, at_least=end)
@@ -162,7 +183,9 @@ def test_a_writer_reads_its_own_commits_at_once(kafka_settings: KafkaSettings) -
         log.close()
     with pytest.raises(FencedError, match="closed"):  # a revoked partition's writer
         writer.append(
-            [StatePatched(run_id=run_id, seq=60, step=0, key="k", value_json="1")]
+            sealed(
+                [StatePatched(run_id=run_id, seq=60, step=0, key="k", value_json="1")]
+            )
         )
 
 

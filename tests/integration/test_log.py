@@ -22,6 +22,7 @@ from es_agents.dev import DevStack
 from es_agents.lab.demo import script
 from es_agents.partitioner import partition_for
 from es_agents.settings import KafkaSettings
+from tests.test_support import unsealed
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +64,7 @@ def test_interleaved_runs_come_back_in_order_per_run(
     try:
         for run_id, events in logs.items():
             back = log.read_run(run_id)
-            assert back == events
+            assert unsealed(back) == events
             assert replay(back).status == "completed"
     finally:
         log.close()

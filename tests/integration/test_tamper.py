@@ -1,0 +1,179 @@
+"""Tamper evidence: runs written by the runtime (through a gate and a resume), copied
+to a scratch topic with one tampering each, are caught by ``replay`` and ``audit``;
+the untouched copy passes both."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from es_agents.app import build_client_ports
+from es_agents.codec import AvroCodec
+from es_agents.core.events import StatePatched
+from es_agents.lab.demo import cli, run_worker
+from es_agents.ports import Record
+from es_agents.settings import load_settings
+
+pytestmark = pytest.mark.integration
+
+Tamper = Callable[[list[Record], list[Record]], list[tuple[str, bytes]]]
+CODEC = AvroCodec()
+
+
+def _altered_byte(run: list[Record], other: list[Record]) -> list[tuple[str, bytes]]:
+    """One byte of a tool's result changed: still decodes, says something else."""
+    out = [(r.key or "", r.value) for r in run]
+    for i, (key, value) in enumerate(out):
+        at = value.find(b"ticket")
+        if at > 0 and i < len(out) - 1:
+            out[i] = (key, value[:at] + b"T" + value[at + 1 :])
+            CODEC.decode_event(out[i][1])  # the edit is silent to the decoder
+            return out
+    raise AssertionError("no tool result to alter")
+
+
+def _dropped(run: list[Record], other: list[Record]) -> list[tuple[str, bytes]]:
+    out = [(r.key or "", r.value) for r in run]
+    del out[3]
+    return out
+
+
+def _swapped(run: list[Record], other: list[Record]) -> list[tuple[str, bytes]]:
+    out = [(r.key or "", r.value) for r in run]
+    out[3], out[4] = out[4], out[3]
+    return out
+
+
+def _spliced(run: list[Record], other: list[Record]) -> list[tuple[str, bytes]]:
+    """Another run's event, re-encoded as this run's at the same seq: the seqs
+    stay contiguous, only the chain notices."""
+    out = [(r.key or "", r.value) for r in run]
+    foreign = CODEC.decode_event(other[3].value)
+    mine = CODEC.decode_event(out[3][1])
+    moved = foreign.model_copy(update={"run_id": mine.run_id, "seq": mine.seq})
+    out[3] = (out[3][0], CODEC.encode(moved))
+    return out
+
+
+def _rewritten_tail(run: list[Record], other: list[Record]) -> list[tuple[str, bytes]]:
+    """The last event replaced by a well-formed one naming the right predecessor:
+    the chain holds, the projection's head does not match."""
+    out = [(r.key or "", r.value) for r in run]
+    last = CODEC.decode_event(out[-1][1])
+    forged = StatePatched(
+        run_id=last.run_id,
+        seq=last.seq,
+        step=last.step,
+        at=last.at,
+        prev=last.prev,
+        key="output",
+        value_json='"forged"',
+    )
+    out[-1] = (out[-1][0], CODEC.encode(forged))
+    return out
+
+
+def _untouched(run: list[Record], other: list[Record]) -> list[tuple[str, bytes]]:
+    return [(r.key or "", r.value) for r in run]
+
+
+CASES: dict[str, tuple[Tamper, str]] = {
+    "clean": (_untouched, ""),
+    "altered": (_altered_byte, "hash chain broken"),
+    "dropped": (_dropped, "hash chain broken"),
+    "swapped": (_swapped, "hash chain broken"),
+    "spliced": (_spliced, "hash chain broken"),
+    "tail": (_rewritten_tail, "runs.head"),
+}
+
+
+def test_replay_and_audit_catch_each_tampering(
+    env: dict[str, str], database_url: str, tmp_path: Path
+) -> None:
+    tag = uuid.uuid4().hex[:6]
+    runs: dict[str, str] = {}
+    for case in CASES:
+        run_id = f"tamper-{tag}-{case}"
+        started = cli(
+            env,
+            "start",
+            "research",
+            "--run-id",
+            run_id,
+            "--input",
+            '{"topic": "audit"}',
+            "--no-wait",
+        )
+        assert started.returncode == 0, started.stderr[-2000:]
+        runs[case] = run_id
+    assert run_worker(env, agent="tests.agents:gated").returncode == 0
+    for run_id in runs.values():
+        approved = cli(env, "approve", run_id, "--by", "alice", "--no-wait")
+        assert approved.returncode == 0, approved.stderr[-2000:]
+    assert run_worker(env, agent="tests.agents:gated").returncode == 0
+    assert cli(env, "projector", "--until-caught-up").returncode == 0
+    # The runtime's chain holds across the pause and the resume.
+    for run_id in runs.values():
+        done = cli(env, "replay", run_id, "--json")
+        summary = json.loads(done.stdout.splitlines()[-1])["summary"]
+        assert done.returncode == 0, summary
+        assert summary["status"] == "completed"
+        assert summary["chain"]["intact"] is True
+
+    scratch = {**env, "ES_AGENTS_TOPIC_PREFIX": env["ES_AGENTS_TOPIC_PREFIX"] + "-x"}
+    assert cli(scratch, "topics").returncode == 0
+    _copy(env, scratch, runs)
+
+    for case, (_, expected) in CASES.items():
+        done = cli(scratch, "replay", runs[case], "--json")
+        summary = json.loads(done.stdout.splitlines()[-1])["summary"]
+        if not expected:
+            assert done.returncode == 0, summary
+            continue
+        assert done.returncode == 1, (case, summary)
+        assert expected in str(summary["mismatch"]), (case, summary)
+
+    report_file = tmp_path / "audit.json"
+    audited = cli(
+        scratch, "audit", "--run-prefix", f"tamper-{tag}-", "--report", str(report_file)
+    )
+    assert audited.returncode == 1, audited.stderr[-2000:]
+    problems = json.loads(report_file.read_text())["problems"]
+    assert runs["clean"] not in problems
+    for case, (_, expected) in CASES.items():
+        if expected:
+            assert any(expected in p for p in problems[runs[case]]), (case, problems)
+
+
+def _copy(env: dict[str, str], scratch: dict[str, str], runs: dict[str, str]) -> None:
+    """Each run's records, as written, to the scratch topic with its tampering."""
+    source = build_client_ports(load_settings(**_settings(env)))
+    target = build_client_ports(load_settings(**_settings(scratch)))
+    try:
+        topic = source.log.partition_count()
+        records: dict[str, list[Record]] = {}
+        events_topic = f"{env['ES_AGENTS_TOPIC_PREFIX']}.events"
+        for partition in range(topic):
+            for record in source.log.read_partition(events_topic, partition):
+                records.setdefault(record.key or "", []).append(record)
+        other = records[runs["clean"]]
+        scratch_topic = f"{scratch['ES_AGENTS_TOPIC_PREFIX']}.events"
+        for case, (tamper, _) in CASES.items():
+            for key, value in tamper(records[runs[case]], other):
+                target.log.produce(scratch_topic, key, value)
+    finally:
+        source.close()
+        target.close()
+
+
+def _settings(env: dict[str, str]) -> dict[str, object]:
+    return {
+        "bootstrap_servers": env["ES_AGENTS_BOOTSTRAP_SERVERS"],
+        "topic_prefix": env["ES_AGENTS_TOPIC_PREFIX"],
+        "partitions": int(env["ES_AGENTS_PARTITIONS"]),
+        "database_url": env["ES_AGENTS_DATABASE_URL"],
+    }
