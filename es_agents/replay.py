@@ -18,6 +18,7 @@ from datetime import datetime
 from es_agents.core.chain import ChainCheck
 from es_agents.core.events import (
     Event,
+    Forked,
     Interrupted,
     Migrated,
     ModelCallRequested,
@@ -264,6 +265,8 @@ def _details(  # noqa: PLR0911 - one return per event type
         }
     if isinstance(event, StatePatched):
         return {"key": event.key, "value": _short(event.value_json)}
+    if isinstance(event, Forked):
+        return {"origin": f"{event.origin_run}@{event.origin_seq}", "by": event.by}
     if isinstance(event, RunCompleted):
         return {"output": _short(event.output_json)}
     if isinstance(event, RunFailed):

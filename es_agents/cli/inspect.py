@@ -253,6 +253,9 @@ def _summary(state: RunState) -> dict[str, object]:
         "started_at": state.started_at,
         "updated_at": state.updated_at,
         "last_gate": state.last_gate,
+        "forked_from": (
+            f"{state.origin_run}@{state.origin_seq}" if state.origin_run else None
+        ),
         "versions": {
             "agent_version": state.versions.agent_version,
             "code_revision": state.versions.code_revision,
