@@ -262,7 +262,7 @@ def _check_runs(
         seq = int(str(row["last_seq"]))
         if seq == state.seq:
             columns = dict(row)
-            head = run.chain.head if run.chain else ""
+            head = run.chain.head if run.chain else b""
             found = head_difference(columns.pop("head", None), head)
             found = found or first_difference("runs", columns, run_row(state), True)
             if found is not None:

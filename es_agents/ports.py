@@ -316,7 +316,7 @@ class Projected:
     snapshot_seq: int | None
     events: int
     projected_until: int
-    head: str = ""  # digest of the last projected event's bytes (the chain's head)
+    head: bytes = b""  # digest of the last projected event's bytes (the chain's head)
 
 
 class Projections(Protocol):

@@ -53,7 +53,7 @@ class RunCheck:
     mismatch: str | None = None  # the first differing field, with both values
     notes: list[str] = field(default_factory=list)
     chain: list[str] = field(default_factory=list)  # where the hash chain breaks
-    head: str = ""  # digest of the last event's bytes
+    head: str = ""  # hex digest of the last event's bytes
 
     @property
     def consistent(self) -> bool:
@@ -76,7 +76,7 @@ def check_run(  # noqa: PLR0911 - one return per way the check ends
         return check
     chain = ChainCheck(run_id, keep_heads=True)
     check.chain = [p for s in sealed if (p := chain.add(s.event, s.value))]
-    check.head = chain.head
+    check.head = chain.head.hex()
     if check.chain:
         check.mismatch = f"tampered log: {check.chain[0]}"
         return check
@@ -121,13 +121,13 @@ def check_run(  # noqa: PLR0911 - one return per way the check ends
     return check
 
 
-def head_difference(projected: object, logged: str) -> str | None:
+def head_difference(projected: object, logged: bytes) -> str | None:
     """The ``runs`` row's chain head against the log's (a projection from before
     the head was kept has none)."""
-    if not projected or projected == logged:
+    if not projected or projected == logged.hex():
         return None
     return (
-        f"runs.head: projection {str(projected)[:16]}..., log {logged[:16]}...: "
+        f"runs.head: projection {str(projected)[:16]}..., log {logged.hex()[:16]}...: "
         "the log's last event is not the one projected (tampered)"
     )
 

@@ -27,7 +27,7 @@ class Loaded:
     snapshot_seq: int | None  # None: no snapshot was used
     events_from_db: int
     events_from_log: int
-    head: str = GENESIS  # digest of the last event's bytes: the next event's prev
+    head: bytes = GENESIS  # digest of the last event's bytes: the next event's prev
 
 
 class RunLoader:

@@ -338,7 +338,7 @@ class RunLoop:
         sealed = ctx.log.read_sealed(
             origin, from_offset=first or 0, until_seq=command.at_seq
         )
-        head = next((s.digest for s in sealed if s.event.seq == command.at_seq), "")
+        head = next((s.digest for s in sealed if s.event.seq == command.at_seq), b"")
         events, state = fork_events([s.event for s in sealed], command, head)
         self.state = state
         self.buffer.extend(events)

@@ -234,7 +234,7 @@ class Projector:
                 payload,
             )
         )
-        batch.runs[event.run_id] = (state, partition, offset, digest(payload))
+        batch.runs[event.run_id] = (state, partition, offset, digest(payload).hex())
         snapshot = (event.seq + 1) % self.k == 0 or isinstance(event, SNAPSHOT_EVENTS)
         if snapshot and event.run_id not in self._incomplete:
             batch.snapshots.append(

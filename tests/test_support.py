@@ -34,4 +34,4 @@ def script_of(
 
 def unsealed(events: list[Event]) -> list[Event]:
     """Events as a test made them: without the ``prev`` the log's sealing set."""
-    return [e.model_copy(update={"prev": ""}) for e in events]
+    return [e.model_copy(update={"prev": b""}) for e in events]

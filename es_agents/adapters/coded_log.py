@@ -26,7 +26,7 @@ class CodedLog:
         self._restore: Callable[[Event], Event] = restore or (lambda event: event)
         # Heads of the runs this log appended plain events of (tools, benches,
         # tests that write whole runs); the runtime seals with the heads it loaded.
-        self._heads: dict[str, str] = {}
+        self._heads: dict[str, bytes] = {}
         self._heads_lock = threading.Lock()
 
     @property

@@ -302,15 +302,19 @@ class KafkaEventLog(CodedLog):
         records = self.read_partition(
             self.settings.events_topic, partition, from_offset, at_least=at_least
         )
-        for record in records:
-            if record.key == run_id:
-                event = self._decode_at(record)
-                events.append(
-                    Sealed(self._restore(event) if restore else event, record.value)
-                )
-                if until_seq is not None and event.seq >= until_seq:
-                    records.close()  # type: ignore[attr-defined]
-                    break
+        try:
+            for record in records:
+                if record.key == run_id:
+                    event = self._decode_at(record)
+                    events.append(
+                        Sealed(self._restore(event) if restore else event, record.value)
+                    )
+                    if until_seq is not None and event.seq >= until_seq:
+                        break
+        finally:
+            # Release the reader now, even when a payload does not restore: the
+            # exception's traceback would keep this generator (and its lock) alive.
+            records.close()  # type: ignore[attr-defined]
         return events
 
     def end_offset(self, topic: str, partition: int) -> int:

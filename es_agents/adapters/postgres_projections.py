@@ -30,7 +30,7 @@ def load_projected(
     decode: Callable[[bytes], Event],
     run_id: str,
     restore: Callable[[Event], Event] | None = None,
-) -> tuple[RunState | None, int | None, int, str]:
+) -> tuple[RunState | None, int | None, int, bytes]:
     """The latest snapshot (of this reducer version) plus the projected events after
     it: (state, snapshot seq or None, number of events folded, the chain's head:
     the digest of the last event's bytes). O(K)."""

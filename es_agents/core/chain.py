@@ -25,11 +25,11 @@ from dataclasses import dataclass
 
 from es_agents.core.events import Event
 
-GENESIS = ""  # the ``prev`` of run_started
+GENESIS = b""  # the ``prev`` of run_started
 
 
-def digest(value: bytes) -> str:
-    return hashlib.sha256(value).hexdigest()
+def digest(value: bytes) -> bytes:
+    return hashlib.sha256(value).digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,12 +40,12 @@ class Sealed:
     value: bytes
 
     @property
-    def digest(self) -> str:
+    def digest(self) -> bytes:
         return digest(self.value)
 
 
 def seal(
-    events: Iterable[Event], encode: Callable[[Event], bytes], head: str
+    events: Iterable[Event], encode: Callable[[Event], bytes], head: bytes
 ) -> list[Sealed]:
     """One run's events, in order, chained after the event whose digest is
     ``head`` (``GENESIS`` before run_started)."""
@@ -61,7 +61,7 @@ def seal(
 def seal_runs(
     events: Iterable[Event],
     encode: Callable[[Event], bytes],
-    heads: MutableMapping[str, str],
+    heads: MutableMapping[str, bytes],
 ) -> list[Sealed]:
     """Events of many runs, each chained after its run's head in ``heads`` (updated).
     A run not in ``heads`` starts at ``run_started``; an event of a run whose head is
@@ -87,7 +87,7 @@ class ChainCheck:
         self.run_id = run_id
         self.head = GENESIS
         self.keep_heads = keep_heads
-        self.heads: dict[int, str] = {}  # seq -> digest of the event at seq
+        self.heads: dict[int, bytes] = {}  # seq -> digest of the event at seq
         self.breaks = 0
 
     def add(self, event: Event, value: bytes) -> str | None:
@@ -98,11 +98,12 @@ class ChainCheck:
                 "(spliced in)"
             )
         elif event.prev != self.head:
-            before = "run_started" if event.seq == 0 else f"seq {event.seq - 1}"
+            named = event.prev.hex()[:12] or "nothing"
+            before = self.head.hex()[:12] or "nothing (no event before it)"
             found = (
-                f"seq {event.seq}: hash chain broken (prev {event.prev[:12] or '-'}"
-                f"..., the event read before it hashes to {self.head[:12] or '-'}...;"
-                f" expected after {before}): altered, dropped, reordered or spliced"
+                f"seq {event.seq}: hash chain broken: it names {named}..., the event "
+                f"read before it hashes to {before}: an event altered, dropped, "
+                "reordered or spliced in"
             )
         self.head = digest(value)
         if self.keep_heads:

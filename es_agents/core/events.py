@@ -36,9 +36,9 @@ class Event(BaseModel):
     step: int = Field(ge=0, le=2**31 - 1)  # Avro int
     event_id: str = Field(default_factory=new_id)
     at: datetime = Field(default_factory=utc_now)
-    # Hex SHA-256 of the run's previous event's bytes as written; "" for run_started.
-    # Set when the event is sealed for the log (es_agents.chain), not by the planner.
-    prev: str = ""
+    # SHA-256 of the run's previous event's bytes as written; b"" for run_started.
+    # Set when the event is sealed for the log (core.chain), not by the planner.
+    prev: bytes = b""
 
 
 class ToolCall(BaseModel):
@@ -177,7 +177,7 @@ class Forked(Event):
 
     origin_run: str
     origin_seq: int
-    origin_head: str  # digest of the origin's event at origin_seq: the chains' link
+    origin_head: bytes  # digest of the origin's event at origin_seq: the chains' link
     command_id: str
     by: str | None = None
 

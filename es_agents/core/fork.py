@@ -22,7 +22,7 @@ from es_agents.errors import FoldError
 
 
 def fork_events(
-    origin: Sequence[Event], command: ForkRun, origin_head: str
+    origin: Sequence[Event], command: ForkRun, origin_head: bytes
 ) -> tuple[list[Event], RunState]:
     """The fork's first events and its state after them; ``Refused`` when the
     origin cannot be forked at ``command.at_seq``."""
@@ -63,7 +63,7 @@ def fork_events(
 
 
 def _copy(event: Event, origin: str, new: str) -> Event:
-    changes: dict[str, object] = {"run_id": new, "event_id": new_id(), "prev": ""}
+    changes: dict[str, object] = {"run_id": new, "event_id": new_id(), "prev": b""}
     if isinstance(event, ToolCallRequested):
         key = event.idempotency_key
         own = f"{origin}:"

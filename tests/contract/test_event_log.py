@@ -54,7 +54,7 @@ def test_appends_read_back_in_order_at_once(ports: Ports, settings: Settings) ->
             end = log.end_offset(settings.kafka.events_topic, positions[0].partition)
             back = log.read_run(run_id, at_least=end)
             # As written, but sealed: each names its predecessor's digest in prev.
-            assert [e.model_copy(update={"prev": ""}) for e in back] == written[run_id]
+            assert [e.model_copy(update={"prev": b""}) for e in back] == written[run_id]
     for run_id in runs:
         sealed = log.read_sealed(run_id)
         assert [s.event.seq for s in sealed] == list(range(12))
@@ -85,7 +85,7 @@ def test_a_stale_owner_cannot_append(ports: Ports, settings: Settings) -> None:
     run_id = f"r-{uuid.uuid4().hex[:8]}"
     partition = ports.log.partition_for(run_id)
     group = f"{settings.kafka.topic_prefix}.contract"
-    heads: dict[str, str] = {}
+    heads: dict[str, bytes] = {}
 
     def sealed(first: int, count: int) -> list[Sealed]:
         return seal_runs(_run(run_id, first, count), ports.log.encode, heads)

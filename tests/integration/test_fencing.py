@@ -97,7 +97,7 @@ def test_the_broker_refuses_the_older_writer_of_a_partition(
     codec = AvroCodec()
     run_id = "run-fence"
     partition = partition_for(run_id, kafka_settings.partitions)
-    heads: dict[str, str] = {}
+    heads: dict[str, bytes] = {}
 
     def sealed(event: Event) -> list[Sealed]:
         return seal_runs([event], codec.encode, heads)
@@ -145,7 +145,7 @@ def test_a_writer_reads_its_own_commits_at_once(kafka_settings: KafkaSettings) -
     partition = partition_for(run_id, kafka_settings.partitions)
     writer = PartitionWriter(kafka_settings, AvroCodec(), "ryw", partition)
     log = KafkaEventLog(kafka_settings)
-    heads: dict[str, str] = {}
+    heads: dict[str, bytes] = {}
 
     def sealed(events: list[Event]) -> list[Sealed]:
         return seal_runs(events, log.encode, heads)

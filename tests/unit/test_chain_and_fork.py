@@ -70,7 +70,7 @@ def test_the_chain_holds_across_schema_versions() -> None:
     record = {k: v for k, v in event.model_dump().items() if k != "prev"}
     written = CODEC.encode_with_schema(old, record)
     back = CODEC.decode_event(written)
-    assert back.prev == ""  # the field did not exist: its default
+    assert back.prev == b""  # the field did not exist: its default
     check = ChainCheck("r1")
     assert check.add(back, written) is None
     assert check.head == digest(written) != digest(CODEC.encode(back))
@@ -117,12 +117,12 @@ def test_a_fork_is_refused_where_the_origin_has_no_such_seq(
             _command(at)
         return
     with pytest.raises(Refused, match=reason):
-        fork_events(origin, _command(at), "")
+        fork_events(origin, _command(at), b"")
 
 
 def test_a_fork_at_the_runs_end_is_refused() -> None:
     origin = [s.event for s in _sealed()]
     with pytest.raises(Refused, match="completed at seq"):
-        fork_events(origin, _command(origin[-1].seq), "")
+        fork_events(origin, _command(origin[-1].seq), b"")
     with pytest.raises(Refused, match="unknown run"):
-        fork_events([], _command(0), "")
+        fork_events([], _command(0), b"")
