@@ -89,6 +89,24 @@ def bench_fork_command(events: int, repeats: int) -> None:
     bench_fork(events, repeats, click.echo)
 
 
+@bench.command("throughput")
+@click.option(
+    "--runs",
+    default="1,10,100,1000",
+    show_default=True,
+    help="Concurrent runs per round, comma-separated.",
+)
+@click.option("--steps", type=int, default=50, show_default=True)
+@click.option("--partitions", type=int, default=4, show_default=True)
+def bench_throughput_command(runs: str, steps: int, partitions: int) -> None:
+    """Steps/s, events/s, CPU per step and RSS of worker processes with many
+    concurrent runs, vs a bare producer; then two workers (the scaling ratio)."""
+    from es_agents.lab.bench_throughput import bench_throughput  # noqa: PLC0415
+
+    counts = [int(n) for n in runs.split(",") if n.strip()]
+    bench_throughput(counts, steps, partitions, click.echo)
+
+
 @bench.command("chaos")
 @click.option("--minutes", type=float, default=15, show_default=True)
 @click.option("--seed", type=int, default=1, show_default=True)

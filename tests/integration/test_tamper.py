@@ -9,14 +9,17 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from es_agents.app import build_client_ports
 from es_agents.codec import AvroCodec
 from es_agents.core.events import StatePatched
 from es_agents.lab.demo import cli, run_worker
+from es_agents.partitioner import partition_for
 from es_agents.ports import Record
 from es_agents.settings import load_settings
+from tests.integration.test_postgres_store import pg  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.integration
 
@@ -91,9 +94,12 @@ CASES: dict[str, tuple[Tamper, str]] = {
 }
 
 
+@pytest.mark.parametrize("store", ["kafka", "postgres"])
 def test_replay_and_audit_catch_each_tampering(
-    env: dict[str, str], database_url: str, tmp_path: Path
+    store: str, env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
+    if store == "postgres":  # the log in a database of the test's own, no broker
+        env = request.getfixturevalue("pg")[1]
     tag = uuid.uuid4().hex[:6]
     runs: dict[str, str] = {}
     for case in CASES:
@@ -126,7 +132,7 @@ def test_replay_and_audit_catch_each_tampering(
 
     scratch = {**env, "ES_AGENTS_TOPIC_PREFIX": env["ES_AGENTS_TOPIC_PREFIX"] + "-x"}
     assert cli(scratch, "topics").returncode == 0
-    _copy(env, scratch, runs)
+    _copy(env, scratch, runs, store)
 
     for case, (_, expected) in CASES.items():
         done = cli(scratch, "replay", runs[case], "--json")
@@ -149,31 +155,61 @@ def test_replay_and_audit_catch_each_tampering(
             assert any(expected in p for p in problems[runs[case]]), (case, problems)
 
 
-def _copy(env: dict[str, str], scratch: dict[str, str], runs: dict[str, str]) -> None:
+def _copy(
+    env: dict[str, str], scratch: dict[str, str], runs: dict[str, str], store: str
+) -> None:
     """Each run's records, as written, to the scratch topic with its tampering."""
-    source = build_client_ports(load_settings(**_settings(env)))
-    target = build_client_ports(load_settings(**_settings(scratch)))
+    source = build_client_ports(load_settings(**_settings(env, store)))
+    target = build_client_ports(load_settings(**_settings(scratch, store)))
     try:
-        topic = source.log.partition_count()
+        partitions = source.log.partition_count()
         records: dict[str, list[Record]] = {}
         events_topic = f"{env['ES_AGENTS_TOPIC_PREFIX']}.events"
-        for partition in range(topic):
+        for partition in range(partitions):
             for record in source.log.read_partition(events_topic, partition):
                 records.setdefault(record.key or "", []).append(record)
         other = records[runs["clean"]]
         scratch_topic = f"{scratch['ES_AGENTS_TOPIC_PREFIX']}.events"
         for case, (tamper, _) in CASES.items():
-            for key, value in tamper(records[runs[case]], other):
-                target.log.produce(scratch_topic, key, value)
+            copied = tamper(records[runs[case]], other)
+            if store == "kafka":
+                for key, value in copied:
+                    target.log.produce(scratch_topic, key, value)
+            else:
+                _insert(
+                    env["ES_AGENTS_DATABASE_URL"], scratch_topic, partitions, copied
+                )
     finally:
         source.close()
         target.close()
 
 
-def _settings(env: dict[str, str]) -> dict[str, object]:
+def _insert(
+    url: str, topic: str, partitions: int, records: list[tuple[str, bytes]]
+) -> None:
+    """Rows of the Postgres store's log, as an operator with SQL access would write
+    them (each event's seq from its own bytes)."""
+    with psycopg.connect(url) as conn:
+        for key, value in records:
+            partition = partition_for(key, partitions)
+            row = conn.execute(
+                "UPDATE log_heads SET next_offset = next_offset + 1 WHERE topic = %s "
+                "AND partition = %s RETURNING next_offset - 1",
+                (topic, partition),
+            ).fetchone()
+            assert row is not None
+            conn.execute(
+                'INSERT INTO log_records (topic, partition, "offset", key, seq, value) '
+                "VALUES (%s, %s, %s, %s, %s, %s)",
+                (topic, partition, row[0], key, CODEC.decode_event(value).seq, value),
+            )
+
+
+def _settings(env: dict[str, str], store: str) -> dict[str, object]:
     return {
         "bootstrap_servers": env["ES_AGENTS_BOOTSTRAP_SERVERS"],
         "topic_prefix": env["ES_AGENTS_TOPIC_PREFIX"],
         "partitions": int(env["ES_AGENTS_PARTITIONS"]),
         "database_url": env["ES_AGENTS_DATABASE_URL"],
+        "store": store,
     }
