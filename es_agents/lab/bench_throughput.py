@@ -44,7 +44,9 @@ def bench_throughput(
         codec = AvroCodec()
         completed = codec.catalog.latest("run_completed").fingerprint
         rounds: dict[str, dict[str, float]] = {}
+        warm = 4 * partitions  # every partition's writer made, caches warm
         with _Workers(settings, steps, 1) as one:
+            _round(settings, one, warm, steps, completed)
             for n in counts:
                 rounds[str(n)] = _round(settings, one, n, steps, completed)
                 echo(
@@ -52,6 +54,7 @@ def bench_throughput(
                 )
         largest = max(counts)
         with _Workers(settings, steps, 2) as two:
+            _round(settings, two, warm, steps, completed)
             scaled = _round(settings, two, largest, steps, completed)
         echo(f"  {largest:>5} runs x {steps} steps, 2 workers: {_line(scaled)}")
         sample = codec.encode(
