@@ -113,6 +113,7 @@ class _Workers:
             "ES_AGENTS_DATABASE_URL": settings.database_url.get_secret_value(),
             "ES_AGENTS_BENCH_STEPS": str(steps),
         }
+        self._producer: Producer | None = None
         group = f"{kafka.topic_prefix}.workers.bench-{count}"
         self.procs = [
             subprocess.Popen(
@@ -136,6 +137,14 @@ class _Workers:
             )
             for i in range(count)
         ]
+
+    @property
+    def producer(self) -> Producer:
+        """The bench's producer of starts: connected before any round is timed."""
+        if self._producer is None:
+            self._producer = Producer(self.settings.kafka.producer_config())
+            self._producer.list_topics(self.settings.kafka.commands_topic, timeout=10)
+        return self._producer
 
     def __enter__(self) -> _Workers:
         # Up when every process was assigned partitions (a group that settled).
@@ -183,7 +192,7 @@ def _round(
     tag = uuid.uuid4().hex[:6]
     counter = _Completions(settings, completed, f"tp-{tag}-")
     codec = AvroCodec()
-    producer = Producer(kafka.producer_config())
+    producer = workers.producer
     cpu = workers.cpu_seconds()
     started = time.perf_counter()
     for i in range(n):
@@ -224,6 +233,7 @@ class _Completions:
             )
             starts.append(TopicPartition(kafka.events_topic, p, high))
         self.consumer.assign(starts)
+        self.consumer.consume(1, 0.5)  # fetch sessions up before the clock starts
         self.fingerprint = fingerprint
         self.prefix = prefix.encode()
         self.seen = 0
