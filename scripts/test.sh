@@ -37,7 +37,7 @@ echo "== dev stack"
 $BIN/es-agents dev up
 
 echo "== tests"
-$BIN/python -m pytest -p no:cacheprovider -o console_output_style=classic tests "$@"
+$BIN/python -m pytest -p no:cacheprovider -o console_output_style=classic --durations=15 tests "$@"
 
 # Last, since they kill and restart the broker and Postgres: a seeded chaos run of at
 # most ~3 minutes (90 s of faults, a heal of at most 60 s) on each store. Exit 1 on
