@@ -193,11 +193,17 @@ class Client:
     ) -> CommandResult:
         return self.send(Cancel(run_id=run_id, by=by, reason=reason), wait)
 
-    def send(self, command: Command, wait: float = 10.0) -> CommandResult:
+    def send(  # noqa: PLR0911 - one return per kind of command and verdict
+        self, command: Command, wait: float = 10.0
+    ) -> CommandResult:
         """Check a decision against the run as applied, send it, await the verdict."""
         if isinstance(command, StartRun):
             return self.start(
                 command.agent, command.input_json, command.run_id, wait=wait
+            )
+        if isinstance(command, ForkRun):
+            return self.fork(
+                command.origin_run, command.at_seq, command.run_id, command.by, wait
             )
         state = self._applied_or_pending(command.run_id)
         if state is None:
