@@ -71,6 +71,12 @@ def worker(  # noqa: PLR0917 - click passes options positionally
     import logging  # noqa: PLC0415
     import os  # noqa: PLC0415
     import signal  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    # First of all: a SIGTERM while the worker starts (imports, connections) is a
+    # clean leave too, not death by the default action.
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
 
     from es_agents.agent import load_agent  # noqa: PLC0415
     from es_agents.app import build_worker  # noqa: PLC0415
@@ -98,6 +104,8 @@ def worker(  # noqa: PLR0917 - click passes options positionally
         threads=threads,
     )
     signal.signal(signal.SIGTERM, lambda *_: w.stop())
+    if stopping.is_set():
+        w.stop()  # asked to leave while starting: run() returns at once
     click.echo(
         f"worker for agent {agent.name!r} on {settings.kafka.commands_topic} "
         f"({settings.store})",
