@@ -9,6 +9,7 @@ runtime receives the result as ``Ports`` and never names an adapter.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from es_agents.errors import ConfigError
@@ -125,6 +126,7 @@ def _kafka_ports(settings: Settings, restore: Any, pool_size: int) -> Ports:
     from es_agents.adapters.fencing import PartitionWriter
     from es_agents.adapters.kafka import KafkaEventLog
     from es_agents.adapters.kafka_admin import ensure_topics
+    from es_agents.adapters.kafka_epochs import EpochWriter
     from es_agents.adapters.kafka_source import KafkaSource
     from es_agents.dead_letters import DeadLetterQueue
     from es_agents.ownership import LogWriter
@@ -137,10 +139,12 @@ def _kafka_ports(settings: Settings, restore: Any, pool_size: int) -> Ports:
     def subscribe(topic: str, group: str, decode: Any, **kw: Any) -> Any:
         return KafkaSource(kafka, topic, group, decode, dlq, **kw)
 
-    def writer(group: str, partition: int, epoch: int) -> Any:
-        if settings.fencing == "none":
-            return LogWriter(log)
-        return PartitionWriter(kafka, log.codec, group, partition)
+    def writer(group: str, partition: int, take_epoch: Callable[[], int]) -> Any:
+        if settings.fencing == "epochs":
+            return EpochWriter(log, group, partition, take_epoch)
+        if settings.fencing == "transactions":
+            return PartitionWriter(kafka, log.codec, group, partition, take_epoch())
+        return LogWriter(log, take_epoch())
 
     def topics() -> dict[str, int]:
         return ensure_topics(kafka)
@@ -178,10 +182,11 @@ def _postgres_ports(settings: Settings, restore: Any, pool_size: int) -> Ports:
             db, topic, group, decode, dlq, session_timeout=session, **kw
         )
 
-    def writer(group: str, partition: int, epoch: int) -> Any:
+    def writer(group: str, partition: int, take_epoch: Callable[[], int]) -> Any:
         if settings.fencing == "none":
-            return LogWriter(log)
-        return PostgresPartitionWriter(log, group, partition, epoch)
+            return LogWriter(log, take_epoch())
+        # Fenced in the database: an append checks the epoch in its transaction.
+        return PostgresPartitionWriter(log, group, partition, take_epoch())
 
     def topics() -> dict[str, int]:
         return ensure_topics(db, kafka)
@@ -244,10 +249,10 @@ def _memory_ports(settings: Settings, restore: Any) -> Ports:
     def subscribe(topic: str, group: str, decode: Any, **kw: Any) -> Any:
         return MemorySource(broker, topic, group, decode, dlq, **kw)
 
-    def writer(group: str, partition: int, epoch: int) -> Any:
+    def writer(group: str, partition: int, take_epoch: Callable[[], int]) -> Any:
         if settings.fencing == "none":
-            return LogWriter(log)
-        return MemoryPartitionWriter(log, group, partition, epoch)
+            return LogWriter(log, take_epoch())
+        return MemoryPartitionWriter(log, group, partition, take_epoch())
 
     def ensure_topics() -> dict[str, int]:
         names = (kafka.commands_topic, kafka.events_topic, kafka.dlq_topic)

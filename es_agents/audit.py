@@ -65,6 +65,7 @@ class AuditReport:
     runs: dict[str, RunAudit]
     events: int
     seconds: float
+    fenced_writes: int = 0  # events of fenced workers (zombies) the log left out
 
     def to_json(self) -> dict[str, Any]:
         agents: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -85,6 +86,7 @@ class AuditReport:
         return {
             "runs": len(self.runs),
             "events": self.events,
+            "fenced_writes_left_out": self.fenced_writes,
             "seconds": round(self.seconds, 3),
             "events_per_s": round(self.events / max(self.seconds, 1e-9)),
             "statuses": dict(
@@ -170,7 +172,8 @@ def audit(
     if since is not None:
         runs = {k: r for k, r in runs.items() if r.last_at and r.last_at >= since}
     _check_runs(runs, projections, ledger, run_prefix)
-    return AuditReport(runs, count, time.perf_counter() - started)
+    fenced: Mapping[int, int] = getattr(log, "fenced_writes", {})
+    return AuditReport(runs, count, time.perf_counter() - started, sum(fenced.values()))
 
 
 def _apply(run: RunAudit, event: Event, prices: Mapping[str, ModelPrice]) -> None:

@@ -35,10 +35,13 @@ class Ownership:
 
     def assign(self, partitions: Iterable[int]) -> None:
         for partition in partitions:
-            epoch = self._projections.next_epoch(self.group, partition)
-            writer = self._make_writer(self.group, partition, epoch)  # fences the last
+
+            def take_epoch(partition: int = partition) -> int:
+                return self._projections.next_epoch(self.group, partition)
+
+            writer = self._make_writer(self.group, partition, take_epoch)  # fences
             with self._lock:
-                self._epochs[partition] = epoch
+                self._epochs[partition] = writer.epoch
                 self._writers[partition] = writer
 
     def revoke(self, partitions: Iterable[int]) -> None:
@@ -129,10 +132,12 @@ def runs_to_resume(
 
 
 class LogWriter:
-    """Unfenced appends straight to the log (``ES_AGENTS_FENCING=none``)."""
+    """Unfenced appends straight to the log (``ES_AGENTS_FENCING=none``); the epoch
+    is still taken, as the fencing token tools get."""
 
-    def __init__(self, log_: EventLog) -> None:
+    def __init__(self, log_: EventLog, epoch: int) -> None:
         self._log = log_
+        self.epoch = epoch
         self.committed_end = 0
 
     def append(self, records: Sequence[Sealed]) -> None:

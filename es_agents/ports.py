@@ -55,6 +55,7 @@ class Received(Generic[M]):
     partition: int
     offset: int
     key: str | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 class EventLog(Protocol):
@@ -119,15 +120,28 @@ class EventLog(Protocol):
         at_least: int = 0,
         restore: bool = True,
         until_seq: int | None = None,
+        *,
+        floors: Mapping[str, int] | None = None,
     ) -> list[Sealed]:
         """``read_run`` with each event's bytes as written (to check the chain);
-        ``until_seq``: stop once the run's event at that seq is read."""
+        ``until_seq``: stop once the run's event at that seq is read; ``floors``:
+        the epoch floors of the events partition at ``from_offset`` (see
+        ``read_partition``)."""
         ...
 
     def read_partition(
-        self, topic: str, partition: int, start: int = 0, at_least: int = 0
+        self,
+        topic: str,
+        partition: int,
+        start: int = 0,
+        at_least: int = 0,
+        *,
+        floors: Mapping[str, int] | None = None,
     ) -> Iterator[Record]:
-        """Records of one partition from ``start`` to its current end."""
+        """Records of one partition from ``start`` to its current end. On the
+        events topic of a log fenced by epochs only the events that count
+        (``es_agents.core.epochs``): claims and zombie writes are left out, starting
+        from ``floors``, the partition's epoch floors at ``start``."""
         ...
 
     def end_offset(self, topic: str, partition: int) -> int: ...
@@ -142,6 +156,11 @@ class PartitionWriter(Protocol):
     @property
     def committed_end(self) -> int:
         """The offset after this writer's last append (read your writes)."""
+        ...
+
+    @property
+    def epoch(self) -> int:
+        """The owner's epoch: its fencing token."""
         ...
 
     def append(self, records: Sequence[Sealed]) -> None: ...
@@ -317,6 +336,8 @@ class Projected:
     events: int
     projected_until: int
     head: bytes = b""  # digest of the last projected event's bytes (the chain's head)
+    # The partition's epoch floors at ``projected_until`` (per writer group).
+    floors: Mapping[str, int] = field(default_factory=dict)
 
 
 class Projections(Protocol):
@@ -396,8 +417,9 @@ class BlobStore(Protocol):
         ...
 
 
-# Builds the fenced writer of (group, partition) for the owner holding ``epoch``.
-WriterFactory = Callable[[str, int, int], PartitionWriter]
+# Builds the fenced writer of (group, partition); it takes the partition's next epoch
+# by calling the third argument (a writer may need to look at the log first).
+WriterFactory = Callable[[str, int, Callable[[], int]], PartitionWriter]
 
 
 @dataclass

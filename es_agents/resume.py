@@ -70,6 +70,7 @@ class RunLoader:
             from_offset=projected.projected_until,
             at_least=at_least,
             restore=restore,
+            floors=projected.floors,
         ):
             event = sealed.event
             if state is None or event.seq > state.seq:

@@ -181,9 +181,11 @@ class Settings(BaseSettings):
         default="kafka",
         description="Where the log lives: kafka, postgres (no broker), memory (tests)",
     )
-    fencing: Literal["transactions", "none"] = Field(
-        default="transactions",
-        description="transactions: a worker that lost a partition cannot append to it",
+    fencing: Literal["epochs", "transactions", "none"] = Field(
+        default="epochs",
+        description="epochs (claims and epochs in the log) or transactions (one Kafka "
+        "transaction per append): a worker that lost a partition cannot have an "
+        "append counted; none: a single writer per partition is trusted",
     )
     snapshot_every: int = Field(
         default=100, ge=1, description="K: snapshot every K events"

@@ -4,7 +4,9 @@ A consumer group on the events topic (read_committed on Kafka), on any store.
 Each batch is written in one
 Postgres transaction together with the consumed offsets (``projector_offsets``), and
 messages below the stored offset are skipped, so a projector killed at any point and
-restarted ends with the same tables as one that never crashed. Rows go in with
+restarted ends with the same tables as one that never crashed. Claims and the writes
+of fenced workers are left out (``es_agents.core.epochs``); the partition's epoch
+floors are stored with its offset. Rows go in with
 pipelined ``executemany`` (psycopg pipelines it), not one round trip per row.
 """
 
@@ -21,10 +23,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
 
 from es_agents.adapters.postgres import Database
 from es_agents.adapters.postgres_projections import load_projected
 from es_agents.core.chain import digest
+from es_agents.core.epochs import EPOCH_HEADER, EpochFence
 from es_agents.core.events import Event, Interrupted, RunCompleted, RunFailed
 from es_agents.core.fold import fold
 from es_agents.core.run_row import RUN_COLUMNS, run_row
@@ -46,6 +50,7 @@ class Batch:
     snapshots: list[tuple[Any, ...]] = field(default_factory=list)
     runs: dict[str, tuple[RunState, int, int, str]] = field(default_factory=dict)
     offsets: dict[int, int] = field(default_factory=dict)
+    floors: dict[int, dict[str, int]] = field(default_factory=dict)
     dead: list[tuple[Any, ...]] = field(default_factory=list)
 
 
@@ -91,6 +96,7 @@ class Projector:
         self._cache_size = cache_size
         self._stop = threading.Event()
         self.projected = 0
+        self.fenced_writes = 0  # events of fenced workers left out
         # Milliseconds from each event's creation to the commit that projected it.
         self.lags_ms: list[float] = []
         self.source = subscribe(
@@ -181,17 +187,30 @@ class Projector:
             by_partition.setdefault(msg.partition, []).append(msg)
         for partition, part in by_partition.items():
             row = conn.execute(
-                "SELECT next_offset FROM projector_offsets WHERE group_id = %s "
+                "SELECT next_offset, floors FROM projector_offsets WHERE group_id = %s "
                 "AND topic = %s AND partition = %s FOR UPDATE",
                 (self.group_id, self.topic, partition),
             ).fetchone()
             stored = row[0] if row is not None else 0
+            fence = EpochFence(row[1] if row is not None else None)
             for msg in part:
                 offset = msg.offset
                 if offset < stored:
                     continue  # projected by an earlier transaction
-                self._project(conn, batch, msg, partition, offset)
+                if fence.admits(msg.headers):
+                    self._project(conn, batch, msg, partition, offset)
+                elif fence.ignored:
+                    fence.ignored = 0
+                    self.fenced_writes += 1
+                    log.warning(
+                        "%s[%d]@%d: left out: written by a fenced worker (%s)",
+                        self.topic,
+                        partition,
+                        offset,
+                        dict(msg.headers).get(EPOCH_HEADER, b"").decode(),
+                    )
                 batch.offsets[partition] = offset + 1
+            batch.floors[partition] = fence.floors
         return batch
 
     def _project(
@@ -314,10 +333,15 @@ class Projector:
                 )
             cur.executemany(
                 "INSERT INTO projector_offsets "
-                "(group_id, topic, partition, next_offset) VALUES (%s, %s, %s, %s) "
+                "(group_id, topic, partition, next_offset, floors) "
+                "VALUES (%s, %s, %s, %s, %s) "
                 "ON CONFLICT (group_id, topic, partition) "
-                "DO UPDATE SET next_offset = EXCLUDED.next_offset",
-                [(self.group_id, self.topic, p, o) for p, o in batch.offsets.items()],
+                "DO UPDATE SET next_offset = EXCLUDED.next_offset, "
+                "floors = EXCLUDED.floors",
+                [
+                    (self.group_id, self.topic, p, o, Jsonb(batch.floors[p]))
+                    for p, o in batch.offsets.items()
+                ],
             )
 
 
@@ -339,5 +363,10 @@ def _run_row(
 
 def _record(received: Received[bytes], topic: str) -> Record:
     return Record(
-        topic, received.partition, received.offset, received.key, received.message
+        topic,
+        received.partition,
+        received.offset,
+        received.key,
+        received.message,
+        received.headers,
     )

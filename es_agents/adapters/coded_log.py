@@ -5,7 +5,7 @@ chain of ``es_agents.core.chain``) for appends of plain events."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from es_agents.codec import AvroCodec
 from es_agents.core.chain import Sealed, seal_runs
@@ -72,5 +72,7 @@ class CodedLog:
         at_least: int = 0,
         restore: bool = True,
         until_seq: int | None = None,
+        *,
+        floors: Mapping[str, int] | None = None,
     ) -> list[Sealed]:
         raise NotImplementedError

@@ -1,4 +1,5 @@
-"""Fencing by Kafka transactions: one transactional producer per owned partition.
+"""Fencing by Kafka transactions (``ES_AGENTS_FENCING=transactions``; the default is
+epochs in the log, ``kafka_epochs``): one transactional producer per owned partition.
 
 ``transactional.id`` is derived from the consumer group and the partition, so the
 worker that gains a partition calls ``init_transactions()`` with the same id as the
@@ -37,10 +38,16 @@ _Request = tuple[list[tuple[str, bytes]], Future[None]]
 @final
 class PartitionWriter:
     def __init__(
-        self, settings: KafkaSettings, codec: AvroCodec, group: str, partition: int
+        self,
+        settings: KafkaSettings,
+        codec: AvroCodec,
+        group: str,
+        partition: int,
+        epoch: int = 0,
     ) -> None:
         self.topic = settings.events_topic
         self.partition = partition
+        self.epoch = epoch  # the fencing token tools get
         self.codec = codec
         conf = {
             **settings.producer_config(),

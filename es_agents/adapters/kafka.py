@@ -30,6 +30,7 @@ from es_agents.adapters.coded_log import CodedLog
 from es_agents.codec import AvroCodec
 from es_agents.core.chain import Sealed
 from es_agents.core.commands import Command
+from es_agents.core.epochs import EpochFence
 from es_agents.core.events import Event
 from es_agents.errors import AppendError, ConfigError, DecodeError, Unavailable
 from es_agents.partitioner import partition_for
@@ -160,10 +161,14 @@ class KafkaProducerLink:
     def produce(
         self,
         topic: str,
-        key: str,
+        key: str | None,
         value: bytes,
         headers: list[tuple[str, str | bytes | None]] | None = None,
+        partition: int | None = None,
     ) -> Future[Position]:
+        """Hand one record to the producer; the future completes with its position
+        once the broker acknowledged it. ``partition``: a fixed partition (a claim
+        has no key to hash)."""
         future: Future[Position] = Future()
 
         def delivered(err: KafkaError | None, msg: Message) -> None:
@@ -189,9 +194,23 @@ class KafkaProducerLink:
 
         while True:
             try:
-                self._producer.produce(
-                    topic, value=value, key=key, headers=headers, on_delivery=delivered
-                )
+                if partition is None:
+                    self._producer.produce(
+                        topic,
+                        value=value,
+                        key=key,
+                        headers=headers,
+                        on_delivery=delivered,
+                    )
+                else:
+                    self._producer.produce(
+                        topic,
+                        value=value,
+                        key=key,
+                        headers=headers,
+                        partition=partition,
+                        on_delivery=delivered,
+                    )
             except BufferError:
                 # The local queue is full: wait for acknowledgements to drain it.
                 self._producer.poll(0.01)
@@ -249,6 +268,8 @@ class KafkaEventLog(CodedLog):
         self._reader: Consumer | None = None
         self._reader_lock = threading.Lock()
         self._partitions: int | None = None
+        # Per events partition: the most zombie writes one read left out.
+        self.fenced_writes: dict[int, int] = {}
 
     # -- writing ---------------------------------------------------------------
     def append_sealed(self, records: Sequence[Sealed]) -> list[Position]:
@@ -292,6 +313,8 @@ class KafkaEventLog(CodedLog):
         at_least: int = 0,
         restore: bool = True,
         until_seq: int | None = None,
+        *,
+        floors: Mapping[str, int] | None = None,
     ) -> list[Sealed]:
         """The run's events from ``from_offset`` of its partition to the current end
         (and at least to ``at_least``: see ``read_partition``) or to ``until_seq``,
@@ -300,7 +323,11 @@ class KafkaEventLog(CodedLog):
         partition = self.partition_for(run_id)
         events: list[Sealed] = []
         records = self.read_partition(
-            self.settings.events_topic, partition, from_offset, at_least=at_least
+            self.settings.events_topic,
+            partition,
+            from_offset,
+            at_least=at_least,
+            floors=floors,
         )
         try:
             for record in records:
@@ -338,7 +365,13 @@ class KafkaEventLog(CodedLog):
         return commands
 
     def read_partition(
-        self, topic: str, partition: int, start: int = 0, at_least: int = 0
+        self,
+        topic: str,
+        partition: int,
+        start: int = 0,
+        at_least: int = 0,
+        *,
+        floors: Mapping[str, int] | None = None,
     ) -> Iterator[Record]:
         """Records of one partition from ``start`` to its current end, as the fetch
         itself reports it (partition EOF): no separate round trip for the
@@ -349,7 +382,11 @@ class KafkaEventLog(CodedLog):
         transaction). The end moves past a transaction only once the broker wrote its
         commit markers, which may be a moment after the commit returned; the read
         waits for that instead of missing it.
+
+        On the events topic, only the events that count: claims and the writes of
+        fenced workers are left out (``EpochFence`` from ``floors``).
         """
+        fence = EpochFence(floors) if topic == self.settings.events_topic else None
         with self._reader_lock:
             reader = self._reader_consumer()
             tp = TopicPartition(topic, partition)
@@ -366,7 +403,11 @@ class KafkaEventLog(CodedLog):
                             continue  # our own commit's markers are not written yet
                         if msg.error() is not None:
                             raise Unavailable(f"{topic}[{partition}]: {msg.error()}")
-                        yield to_record(msg)
+                        record = to_record(msg)
+                        if fence is None or fence.admits(record.headers):
+                            yield record
+                        elif fence.ignored > self.fenced_writes.get(partition, 0):
+                            self.fenced_writes[partition] = fence.ignored
                     now = time.monotonic()
                     if not batch and now - checked > 0.05:
                         # No end reported for a while: ask the broker where the end is.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Generic, TypeVar, final
+from typing import Any, Generic, TypeVar, final
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -115,11 +115,13 @@ class KafkaSource(Generic[T]):
                 self._skipped.append(where(msg)[1:])
                 continue
             key = msg.key()
+            raw: Any = msg.headers()
             out.append(
                 Received(
                     message,
                     *where(msg),
                     key.decode(errors="replace") if isinstance(key, bytes) else key,
+                    tuple((str(k), bytes(v or b"")) for k, v in raw) if raw else (),
                 )
             )
             self._mark(msg)

@@ -146,6 +146,8 @@ class MemoryEventLog(CodedLog):
         at_least: int = 0,
         restore: bool = True,
         until_seq: int | None = None,
+        *,
+        floors: Mapping[str, int] | None = None,
     ) -> list[Sealed]:
         events = []
         partition = self.partition_for(run_id)
@@ -160,7 +162,13 @@ class MemoryEventLog(CodedLog):
         return events
 
     def read_partition(
-        self, topic: str, partition: int, start: int = 0, at_least: int = 0
+        self,
+        topic: str,
+        partition: int,
+        start: int = 0,
+        at_least: int = 0,
+        *,
+        floors: Mapping[str, int] | None = None,
     ) -> Iterator[Record]:
         yield from self.broker.read(topic, partition, start, 1 << 62)
 
@@ -177,6 +185,7 @@ class MemoryPartitionWriter:
     def __init__(self, log: MemoryEventLog, group: str, partition: int, epoch: int):
         self._log = log
         self._fence = (group, partition, epoch)
+        self.epoch = epoch
         self._closed = False
         self.committed_end = 0
 

@@ -16,7 +16,7 @@ unique, so two writers can never interleave a run's events.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, final
 
 import psycopg
@@ -197,6 +197,8 @@ class PostgresEventLog(CodedLog):
         at_least: int = 0,
         restore: bool = True,
         until_seq: int | None = None,
+        *,
+        floors: Mapping[str, int] | None = None,
     ) -> list[Sealed]:
         """The run's events from ``from_offset`` in log order (committed appends
         are visible at once here: ``at_least`` needs no wait)."""
@@ -225,7 +227,13 @@ class PostgresEventLog(CodedLog):
         return events
 
     def read_partition(
-        self, topic: str, partition: int, start: int = 0, at_least: int = 0
+        self,
+        topic: str,
+        partition: int,
+        start: int = 0,
+        at_least: int = 0,
+        *,
+        floors: Mapping[str, int] | None = None,
     ) -> Iterator[Record]:
         position = start
         while True:
@@ -285,6 +293,7 @@ class PostgresPartitionWriter:
     ) -> None:
         self._log = log
         self._fence = (group, partition, epoch)
+        self.epoch = epoch
         self._closed = False
         self.committed_end = 0
 

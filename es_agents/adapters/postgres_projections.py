@@ -85,15 +85,18 @@ class PostgresProjections:
 
     def projected_until(self, partition: int) -> int:
         with self._db.transaction() as conn:
-            return self._offset(conn, partition)
+            return self._offset(conn, partition)[0]
 
-    def _offset(self, conn: psycopg.Connection[Any], partition: int) -> int:
+    def _offset(
+        self, conn: psycopg.Connection[Any], partition: int
+    ) -> tuple[int, dict[str, int]]:
+        """The projector's next offset and the partition's epoch floors there."""
         row = conn.execute(
-            "SELECT next_offset FROM projector_offsets WHERE group_id = %s "
+            "SELECT next_offset, floors FROM projector_offsets WHERE group_id = %s "
             "AND topic = %s AND partition = %s",
             (self._group, self._topic, partition),
         ).fetchone()
-        return int(row[0]) if row is not None else 0
+        return (int(row[0]), dict(row[1])) if row is not None else (0, {})
 
     def load(
         self, run_id: str, partition: int, restore: Callable[[Event], Event] | None
@@ -103,8 +106,8 @@ class PostgresProjections:
             state, snapshot_seq, folded, head = load_projected(
                 conn, self._decode, run_id, restore
             )
-            offset = self._offset(conn, partition)
-        return Projected(state, snapshot_seq, folded, offset, head)
+            offset, floors = self._offset(conn, partition)
+        return Projected(state, snapshot_seq, folded, offset, head, floors)
 
     def running(self, partition: int, agent: str) -> set[str]:
         with self._db.transaction() as conn:

@@ -186,6 +186,12 @@ def _print_audit(report: dict[str, Any]) -> None:
         )
     )
     click.echo(f"statuses: {report['statuses']}; waiting: {report['waiting']}")
+    if report["fenced_writes_left_out"]:
+        click.echo(
+            f"{report['fenced_writes_left_out']} events written by fenced workers "
+            "(after another worker claimed their partition) left out, as every "
+            "reader does"
+        )
     click.echo(
         f"cost: {cost['model_calls']} model calls, ${cost['total_usd']:.6f}"
         f" ({cost['unpriced_calls']} unpriced); resume read back "

@@ -81,7 +81,7 @@ def test_reads_from_an_offset_and_by_partition(
 def test_a_stale_owner_cannot_append(ports: Ports, settings: Settings) -> None:
     """Invariant 7 on every store: once the partition has a new owner, the old
     owner's writer is refused, and only the owners' accepted events are read."""
-    assert settings.fencing == "transactions"  # the default
+    assert settings.fencing == "epochs"  # the default
     run_id = f"r-{uuid.uuid4().hex[:8]}"
     partition = ports.log.partition_for(run_id)
     group = f"{settings.kafka.topic_prefix}.contract"
@@ -90,9 +90,13 @@ def test_a_stale_owner_cannot_append(ports: Ports, settings: Settings) -> None:
     def sealed(first: int, count: int) -> list[Sealed]:
         return seal_runs(_run(run_id, first, count), ports.log.encode, heads)
 
-    old = ports.writer(group, partition, ports.projections.next_epoch(group, partition))
+    def take_epoch() -> int:
+        return ports.projections.next_epoch(group, partition)
+
+    old = ports.writer(group, partition, take_epoch)
     old.append(sealed(0, 2))
-    new = ports.writer(group, partition, ports.projections.next_epoch(group, partition))
+    new = ports.writer(group, partition, take_epoch)  # the next owner
+    assert new.epoch > old.epoch
     with pytest.raises(FencedError):
         old.append(sealed(2, 1))
     new.append(sealed(2, 2))

@@ -1,15 +1,21 @@
 """Invariant 7: a worker paused past its session timeout loses its partitions, and
-nothing it appends after that is accepted (Kafka transactions fence it)."""
+nothing it appends after that is accepted -- by epochs in the log (the default) or by
+Kafka transactions."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,10 +90,38 @@ def test_a_zombie_worker_cannot_append_after_losing_its_partitions(
     assert ticket_stats(tickets_url, run_id) == {"tickets": 1, "keys": 1}
 
 
-def test_the_broker_refuses_the_older_writer_of_a_partition(
-    kafka_settings: KafkaSettings,
-) -> None:
+@contextmanager
+def writers(kind: str, settings: KafkaSettings) -> Iterator[Callable[[str, int], Any]]:
+    """Writers of one fencing kind, built like the worker builds them: each takes
+    the partition's next epoch (a counter here) when it is created."""
     from es_agents.adapters.fencing import PartitionWriter  # noqa: PLC0415
+    from es_agents.adapters.kafka import KafkaEventLog  # noqa: PLC0415
+    from es_agents.adapters.kafka_epochs import EpochWriter  # noqa: PLC0415
+
+    log = KafkaEventLog(settings)
+    epochs = itertools.count(1)
+    made: list[Any] = []
+
+    def make(group: str, partition: int) -> Any:
+        if kind == "epochs":
+            writer: Any = EpochWriter(log, group, partition, lambda: next(epochs))
+        else:
+            writer = PartitionWriter(settings, log.codec, group, partition)
+        made.append(writer)
+        return writer
+
+    try:
+        yield make
+    finally:
+        for writer in made:
+            writer.close()
+        log.close()
+
+
+@pytest.mark.parametrize("kind", ["epochs", "transactions"])
+def test_the_older_writer_of_a_partition_is_refused(
+    kafka_settings: KafkaSettings, kind: str
+) -> None:
     from es_agents.adapters.kafka import KafkaEventLog  # noqa: PLC0415
     from es_agents.codec import AvroCodec  # noqa: PLC0415
     from es_agents.core.events import RunStarted, StatePatched  # noqa: PLC0415
@@ -95,98 +129,116 @@ def test_the_broker_refuses_the_older_writer_of_a_partition(
     from es_agents.partitioner import partition_for  # noqa: PLC0415
 
     codec = AvroCodec()
-    run_id = "run-fence"
+    run_id = f"run-fence-{kind}-{uuid.uuid4().hex[:6]}"
     partition = partition_for(run_id, kafka_settings.partitions)
     heads: dict[str, bytes] = {}
 
     def sealed(event: Event) -> list[Sealed]:
         return seal_runs([event], codec.encode, heads)
 
-    old = PartitionWriter(kafka_settings, codec, "g", partition)
-    old.append(
-        sealed(
-            RunStarted(
-                run_id=run_id, seq=0, step=0, agent="x", input_json="{}", command_id="c"
-            )
-        )
-    )
-    new = PartitionWriter(kafka_settings, codec, "g", partition)  # the next owner
-    with pytest.raises(FencedError, match="fenced"):
+    def patch(seq: int, key: str) -> Event:
+        return StatePatched(run_id=run_id, seq=seq, step=0, key=key, value_json="1")
+
+    with writers(kind, kafka_settings) as make:
+        old = make("g", partition)
+        other = make("other-agent", partition)  # another agent's group: not fenced
         old.append(
             sealed(
-                StatePatched(run_id=run_id, seq=1, step=0, key="zombie", value_json="1")
+                RunStarted(
+                    run_id=run_id,
+                    seq=0,
+                    step=0,
+                    agent="x",
+                    input_json="{}",
+                    command_id="c",
+                )
             )
         )
-    new.append(
-        sealed(StatePatched(run_id=run_id, seq=1, step=0, key="owner", value_json="1"))
-    )
-    old.close()
-    new.close()
+        new = make("g", partition)  # the next owner
+        counted = dict(heads)
+        with pytest.raises(FencedError, match="fenced"):
+            old.append(sealed(patch(1, "zombie")))
+        heads.update(counted)  # the zombie's event is not the chain's head
+        new.append(sealed(patch(1, "owner")))
+        other.append(seal_runs([patch(0, "other")], codec.encode, {}))  # its own run
+        with pytest.raises(FencedError, match="fenced"):
+            old.append(sealed(patch(2, "zombie-again")))
+        end = new.committed_end
     log = KafkaEventLog(kafka_settings)
     try:
-        events = log.read_run(run_id)
+        events = log.read_run(run_id, at_least=end)
     finally:
         log.close()
-    assert [getattr(e, "key", None) for e in events] == [None, "owner"]
+    keys = [getattr(e, "key", None) for e in events]
+    assert keys[0] is None
+    assert "zombie" not in keys
+    assert "zombie-again" not in keys
+    assert "owner" in keys
 
 
-def test_a_writer_reads_its_own_commits_at_once(kafka_settings: KafkaSettings) -> None:
-    """A commit returns before the broker wrote its markers; a read that asks for at
-    least the writer's committed end still sees it (a run loaded right after its own
-    worker's commit)."""
-    from es_agents.adapters.fencing import PartitionWriter  # noqa: PLC0415
+@pytest.mark.parametrize("kind", ["epochs", "transactions"])
+def test_a_writer_reads_its_own_appends_at_once(
+    kafka_settings: KafkaSettings, kind: str
+) -> None:
+    """An append returns before a read_committed reader may see it (a commit's
+    markers come a moment later); a read that asks for at least the writer's
+    committed end still sees it (a run loaded right after its own worker's append)."""
     from es_agents.adapters.kafka import KafkaEventLog  # noqa: PLC0415
-    from es_agents.codec import AvroCodec  # noqa: PLC0415
     from es_agents.core.events import RunStarted, StatePatched  # noqa: PLC0415
     from es_agents.errors import FencedError  # noqa: PLC0415
     from es_agents.partitioner import partition_for  # noqa: PLC0415
 
-    run_id = "run-read-your-writes"
+    run_id = f"run-read-your-writes-{kind}-{uuid.uuid4().hex[:6]}"
     partition = partition_for(run_id, kafka_settings.partitions)
-    writer = PartitionWriter(kafka_settings, AvroCodec(), "ryw", partition)
     log = KafkaEventLog(kafka_settings)
     heads: dict[str, bytes] = {}
 
     def sealed(events: list[Event]) -> list[Sealed]:
         return seal_runs(events, log.encode, heads)
 
-    try:
-        writer.append(
-            sealed(
-                [
-                    RunStarted(
-                        run_id=run_id,
-                        seq=0,
-                        step=0,
-                        agent="x",
-                        input_json="{}",
-                        command_id="c",
-                    )
-                ]
-            )
-        )
-        for seq in range(1, 60):
+    with writers(kind, kafka_settings) as make:
+        writer = make("ryw", partition)
+        try:
             writer.append(
                 sealed(
                     [
-                        StatePatched(
-                            run_id=run_id, seq=seq, step=0, key="k", value_json="1"
+                        RunStarted(
+                            run_id=run_id,
+                            seq=0,
+                            step=0,
+                            agent="x",
+                            input_json="{}",
+                            command_id="c",
                         )
                     ]
                 )
             )
-            end = writer.committed_end
-            seen = log.read_run(run_id, from_offset=end - 1, at_least=end)
-            assert [e.seq for e in seen] == [seq]
-    finally:
-        writer.close()
-        log.close()
-    with pytest.raises(FencedError, match="closed"):  # a revoked partition's writer
-        writer.append(
-            sealed(
-                [StatePatched(run_id=run_id, seq=60, step=0, key="k", value_json="1")]
+            for seq in range(1, 60):
+                writer.append(
+                    sealed(
+                        [
+                            StatePatched(
+                                run_id=run_id, seq=seq, step=0, key="k", value_json="1"
+                            )
+                        ]
+                    )
+                )
+                end = writer.committed_end
+                seen = log.read_run(run_id, from_offset=end - 1, at_least=end)
+                assert [e.seq for e in seen] == [seq]
+        finally:
+            writer.close()
+            log.close()
+        with pytest.raises(FencedError, match="closed"):  # a revoked partition's
+            writer.append(
+                sealed(
+                    [
+                        StatePatched(
+                            run_id=run_id, seq=60, step=0, key="k", value_json="1"
+                        )
+                    ]
+                )
             )
-        )
 
 
 def test_a_downstream_refusing_an_old_fencing_token_leaves_the_call_to_the_owner(

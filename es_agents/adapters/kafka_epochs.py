@@ -1,0 +1,239 @@
+"""Fencing by epochs in the log (the default): claim the partition, stamp every
+append with the epoch, and confirm each append by reading the partition past it.
+
+On assignment the writer notes the partition's end, takes the next epoch, appends a
+claim and reads to it: a claim of a higher epoch before its own means another worker
+took the partition after it did (it never acts). Every append then carries the epoch
+in a header and goes out through the process's idempotent producer, so appends of
+all runs and partitions share librdkafka's batches. An append returns once the broker
+acknowledged it *and* the partition's tail reader has read past it without meeting a
+higher claim: an acknowledged append is one that every reader counts
+(``es_agents.core.epochs``). A worker paused past its session timeout wakes, appends,
+and finds the heir's claim before its records: ``FencedError`` on the first append.
+
+The cost over an unfenced append is the tail read, which runs alongside the
+acknowledgement (the broker answers the parked fetch as the records land): no
+transaction, no extra round trip to a coordinator.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, final
+
+from confluent_kafka import Consumer, TopicPartition
+
+from es_agents.adapters.kafka import KafkaEventLog, _client, where
+from es_agents.core.chain import Sealed
+from es_agents.core.epochs import claim_headers, claimed, epoch_headers
+from es_agents.errors import AppendError, FencedError
+from es_agents.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+
+_CONFIRM_TIMEOUT = 30.0
+
+
+@final
+class PartitionTail:
+    """Reads one events partition from a given offset, for one thing: how far it has
+    read, and the first claim of ``group`` with an epoch above ``epoch`` (where the
+    writer was fenced)."""
+
+    def __init__(
+        self,
+        settings: KafkaSettings,
+        group: str,
+        partition: int,
+        start: int,
+        epoch: int,
+    ) -> None:
+        self.topic = settings.events_topic
+        self.group = group
+        self.partition = partition
+        self.epoch = epoch
+        conf = settings.consumer_config(f"{settings.topic_prefix}.tail")
+        # Not a group member: assigned by hand, never commits. Claims are plain
+        # records and the writer's own appends are acknowledged ones, so the tail
+        # reads up to the high watermark; a fetch parks at the end for at most
+        # 100 ms and returns as soon as records land.
+        conf.update(
+            {
+                "isolation.level": "read_uncommitted",
+                "fetch.wait.max.ms": 100,
+                "enable.partition.eof": False,
+            }
+        )
+        self._consumer = Consumer(_client(conf))
+        self._consumer.assign([TopicPartition(self.topic, partition, start)])
+        self._cond = threading.Condition()
+        self.position = start  # every offset below it has been read
+        self.fenced_at: int | None = None  # offset of the first higher claim
+        self.fenced_by: int | None = None
+        self._error: str | None = None
+        self._closed = False
+        self._thread = threading.Thread(
+            target=self._run, daemon=True, name=f"es-tail-p{partition}"
+        )
+        self._thread.start()
+
+    def _run(self) -> None:
+        consumer = self._consumer
+        while not self._closed:
+            try:
+                msgs = consumer.consume(num_messages=1, timeout=0.1)
+                if msgs:
+                    msgs += consumer.consume(num_messages=1000, timeout=0)
+            except Exception as e:
+                with self._cond:
+                    self._error = str(e)
+                    self._cond.notify_all()
+                return
+            if not msgs:
+                continue
+            position = self.position
+            fenced_at, fenced_by = self.fenced_at, self.fenced_by
+            for msg in msgs:
+                if msg.error() is not None:
+                    log.debug("%s[%d]: %s", self.topic, self.partition, msg.error())
+                    continue
+                offset = where(msg)[2]
+                if msg.key() is None and fenced_at is None:
+                    group, epoch = claimed(_headers(msg)) or ("", 0)
+                    if group == self.group and epoch > self.epoch:
+                        fenced_at, fenced_by = offset, epoch
+                position = max(position, offset + 1)
+            with self._cond:
+                self.position = position
+                self.fenced_at, self.fenced_by = fenced_at, fenced_by
+                self._cond.notify_all()
+
+    def read_past(self, offset: int, timeout: float = _CONFIRM_TIMEOUT) -> None:
+        """Return once every record up to ``offset`` was read and none of them is a
+        higher claim; raise ``FencedError`` if one is."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self.position <= offset and self._error is None:
+                if self.fenced_at is not None:
+                    break  # fenced before this append: no need to read further
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AppendError(
+                        f"{self.topic}[{self.partition}]: offset {offset} not read "
+                        f"back within {timeout:.0f}s (read up to {self.position})"
+                    )
+                self._cond.wait(left)
+            if self.fenced_at is not None and self.fenced_at <= offset:
+                raise FencedError(
+                    f"{self.topic}[{self.partition}]: fenced: epoch {self.fenced_by} "
+                    f"claimed the partition at offset {self.fenced_at} "
+                    f"(this writer holds epoch {self.epoch})"
+                )
+            if self._error is not None:
+                raise AppendError(
+                    f"{self.topic}[{self.partition}]: tail read failed: {self._error}"
+                )
+
+    def close(self) -> None:
+        self._closed = True
+        self._thread.join(5)
+        self._consumer.close()
+
+
+def _headers(msg: Any) -> list[tuple[str, bytes]]:
+    return [(k, v or b"") for k, v in (msg.headers() or [])]
+
+
+@final
+class EpochWriter:
+    """The fenced writer of one events partition, by epochs in the log."""
+
+    def __init__(
+        self,
+        log_: KafkaEventLog,
+        group: str,
+        partition: int,
+        take_epoch: Callable[[], int],
+    ) -> None:
+        settings = log_.settings
+        self.topic = settings.events_topic
+        self.group = group
+        self.partition = partition
+        self._log = log_
+        self._link = link = log_.link
+        # Where the tail starts: the end *before* the epoch is taken. A claim of a
+        # later epoch is appended after that epoch was taken, so after this offset.
+        start = log_.end_offset(self.topic, partition)
+        self.epoch = take_epoch()
+        self._headers: list[tuple[str, str | bytes | None]] = list(
+            epoch_headers(group, self.epoch)
+        )
+        self._tail = PartitionTail(settings, group, partition, start, self.epoch)
+        self._closed = False
+        self.committed_end = 0
+        try:
+            claim = link.wait(
+                [
+                    link.produce(
+                        self.topic,
+                        None,
+                        b"",
+                        list(claim_headers(group, self.epoch)),
+                        partition=partition,
+                    )
+                ]
+            )[0]
+            self._confirm(claim.offset)  # read to our own claim before acting
+        except BaseException:
+            self._tail.close()
+            raise
+        log.info(
+            "%s[%d]: claimed at offset %d with epoch %d",
+            self.topic,
+            partition,
+            claim.offset,
+            self.epoch,
+        )
+
+    def append(self, records: Sequence[Sealed]) -> None:
+        """Return once the records are acknowledged and counted; raise
+        ``FencedError`` once another worker claimed the partition before them."""
+        if self._closed:
+            raise FencedError(
+                f"{self.topic}[{self.partition}]: this writer was closed: the "
+                "partition was revoked"
+            )
+        tail = self._tail
+        if tail.fenced_at is not None:
+            tail.read_past(tail.fenced_at)  # raises FencedError
+        link = self._link
+        futures = [
+            link.produce(
+                self.topic,
+                r.event.run_id,
+                r.value,
+                self._headers,
+                partition=self.partition,
+            )
+            for r in records
+        ]
+        positions = link.wait(futures)
+        self._confirm(max(p.offset for p in positions))
+
+    def _confirm(self, offset: int) -> None:
+        if offset < 0:
+            # Acknowledged without a position (a batch retried across a broker
+            # restart): it is durable, so it lies below the end as of now.
+            offset = self._end() - 1
+        self._tail.read_past(offset)
+        self.committed_end = max(self.committed_end, offset + 1)
+
+    def _end(self) -> int:
+        return self._log.end_offset(self.topic, self.partition)
+
+    def close(self) -> None:
+        self._closed = True
+        self._tail.close()

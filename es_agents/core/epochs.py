@@ -1,0 +1,106 @@
+"""Fencing by epochs in the log: which records of an events partition count.
+
+A worker that takes a partition takes its group's next epoch for the partition (a
+counter in the read side) and appends a *claim*: a keyless, empty record whose
+header ``es-claim`` holds ``EPOCH@GROUP``. Every event it appends afterwards carries
+the same stamp in the header ``es-epoch``. A partition is one totally ordered
+sequence, so the rule every reader applies is positional and needs no clock:
+
+* a group's *floor* on the partition is the highest epoch it claimed so far;
+* an event whose epoch is below its group's floor was written by a worker that had
+  already lost the partition -- a zombie -- and is ignored, whatever the broker
+  acknowledged;
+* an event without an epoch was written without fencing (``ES_AGENTS_FENCING=none``,
+  tools, imports) and counts.
+
+A writer confirms each append by reading its partition past the append (ADR 0012): it
+only reports an append durable once no higher claim lies before it, so an
+acknowledged append is an accepted one, and a zombie learns it was fenced on its
+first append after waking. Readers starting mid-partition start from an offset whose
+floors they know (the projector stores it with its offsets) or at a counted record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+CLAIM_HEADER = "es-claim"
+EPOCH_HEADER = "es-epoch"
+
+Headers = Iterable[tuple[str, bytes]]
+Floors = Mapping[str, int]  # per writer group: the highest epoch claimed
+
+
+def _stamp(group: str, epoch: int) -> bytes:
+    return f"{epoch}@{group}".encode()
+
+
+def claim_headers(group: str, epoch: int) -> list[tuple[str, bytes]]:
+    return [(CLAIM_HEADER, _stamp(group, epoch))]
+
+
+def epoch_headers(group: str, epoch: int) -> list[tuple[str, bytes]]:
+    return [(EPOCH_HEADER, _stamp(group, epoch))]
+
+
+def _parse(value: bytes) -> tuple[str, int] | None:
+    epoch, at, group = value.decode(errors="replace").partition("@")
+    if not at or not epoch.isdigit():
+        return None
+    return group, int(epoch)
+
+
+def _find(headers: Headers, name: str) -> tuple[str, int] | None:
+    for key, value in headers:
+        if key == name:
+            return _parse(value)
+    return None
+
+
+def claimed(headers: Headers) -> tuple[str, int] | None:
+    """(group, epoch) a claim record claims; None for any other record."""
+    return _find(headers, CLAIM_HEADER)
+
+
+def written_in(headers: Headers) -> tuple[str, int] | None:
+    """(group, epoch) an event was written in; None when written without fencing."""
+    return _find(headers, EPOCH_HEADER)
+
+
+class EpochFence:
+    """The floors of one partition, advanced record by record in partition order.
+
+    Each agent's workers are their own consumer group, so several groups write to
+    one events partition at once: floors, claims and fencing are per group.
+    """
+
+    __slots__ = ("floors", "ignored")
+
+    def __init__(self, floors: Floors | None = None) -> None:
+        self.floors: dict[str, int] = dict(floors or {})
+        self.ignored = 0  # events refused so far (zombie writes)
+
+    def admits(self, headers: Headers) -> bool:
+        """Whether the record is an event that counts. A claim raises its group's
+        floor and is not an event; an event below its group's floor is ignored and
+        counted."""
+        if not headers:
+            return True
+        headers = list(headers)
+        claim = claimed(headers)
+        if claim is not None:
+            group, epoch = claim
+            self.floors[group] = max(self.floors.get(group, 0), epoch)
+            return False
+        stamp = written_in(headers)
+        if stamp is None:
+            return True
+        group, epoch = stamp
+        floor = self.floors.get(group, 0)
+        if epoch < floor:
+            self.ignored += 1
+            return False
+        # An event of a higher epoch than any claim seen: its writer's claim lies
+        # before where this reading started (a reading starting at a counted record).
+        self.floors[group] = epoch
+        return True

@@ -1,0 +1,195 @@
+"""Fencing by epochs in the log: a zombie's write that the broker acknowledged after
+the heir's claim is left out by every reader -- the projector (across a restart from
+its stored floors), a run's loader, replay and audit -- and its writer is told."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from pydantic import SecretStr
+
+from es_agents.adapters.kafka import KafkaEventLog
+from es_agents.adapters.kafka_epochs import EpochWriter
+from es_agents.adapters.postgres import Database
+from es_agents.adapters.postgres_projections import PostgresProjections
+from es_agents.app import build_ports, build_projector
+from es_agents.audit import audit
+from es_agents.core.chain import Sealed, seal
+from es_agents.core.epochs import epoch_headers
+from es_agents.core.events import Event, RunStarted, StatePatched
+from es_agents.dev import DevStack
+from es_agents.errors import FencedError
+from es_agents.resume import RunLoader
+from es_agents.settings import KafkaSettings, Settings
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def fresh_db(dev_stack: DevStack) -> Iterator[str]:
+    name = f"es_epochs_{uuid.uuid4().hex[:10]}"
+    dev_stack.postgres.create_database(name)
+    yield dev_stack.dev.database_url.rsplit("/", 1)[0] + f"/{name}"
+    dev_stack.postgres.drop_database(name)
+
+
+def _patch(run_id: str, seq: int, key: str) -> Event:
+    return StatePatched(run_id=run_id, seq=seq, step=0, key=key, value_json="1")
+
+
+def test_every_reader_leaves_a_zombies_write_out(
+    kafka_settings: KafkaSettings, fresh_db: str
+) -> None:
+    settings = Settings(
+        kafka=kafka_settings, database_url=SecretStr(fresh_db), snapshot_every=100
+    )
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    group = f"{kafka_settings.topic_prefix}.workers.x"
+    log = KafkaEventLog(kafka_settings)
+    db = Database(fresh_db)
+    db.migrate()
+    projections = PostgresProjections(
+        db, log.decode_event, settings.projector_group_id, kafka_settings.events_topic
+    )
+    partition = log.partition_for(run_id)
+
+    def take() -> int:
+        return projections.next_epoch(group, partition)
+
+    head = b""
+
+    def sealed(events: list[Event]) -> list[Sealed]:
+        return seal(events, log.encode, head)
+
+    try:
+        zombie = EpochWriter(log, group, partition, take)
+        first = sealed(
+            [
+                RunStarted(
+                    run_id=run_id,
+                    seq=0,
+                    step=0,
+                    agent="x",
+                    input_json="{}",
+                    command_id="c",
+                ),
+                _patch(run_id, 1, "before"),
+            ]
+        )
+        zombie.append(first)
+        head = first[-1].digest
+        # The projector gets this far, then stops: it restarts below from its floors.
+        build_projector(settings).run(until_caught_up=True, idle_seconds=0.3)
+
+        heir = EpochWriter(log, group, partition, take)  # the partition moved on
+        assert heir.epoch == zombie.epoch + 1
+        # The zombie's write that was in flight when the heir claimed: acknowledged
+        # by the broker, after the claim.
+        late = sealed([_patch(run_id, 2, "zombie")])[0]
+        log.link.wait(
+            [
+                log.link.produce(
+                    kafka_settings.events_topic,
+                    run_id,
+                    late.value,
+                    list(epoch_headers(group, zombie.epoch)),
+                    partition=partition,
+                )
+            ]
+        )
+        with pytest.raises(FencedError, match="fenced"):  # its next append
+            zombie.append(sealed([_patch(run_id, 2, "zombie-again")]))
+        owned = sealed([_patch(run_id, 2, "heir"), _patch(run_id, 3, "heir-2")])
+        heir.append(owned)
+        zombie.close()
+        heir.close()
+        # Two events, the zombie's claim, the heir's claim, the late write (and the
+        # refused append, if it went out before the zombie's tail saw the claim),
+        # the heir's two events.
+        assert log.end_offset(kafka_settings.events_topic, partition) >= 7
+        _check_readers(settings, log, projections, run_id, heir, owned[-1].digest)
+    finally:
+        log.close()
+        db.close()
+
+
+def _check_readers(  # noqa: PLR0917 - the scene the test set up
+    settings: Settings,
+    log: KafkaEventLog,
+    projections: PostgresProjections,
+    run_id: str,
+    heir: EpochWriter,
+    head: bytes,
+) -> None:
+    kafka_settings = settings.kafka
+    group, partition = heir.group, heir.partition
+    fresh_db = settings.database_url.get_secret_value()
+    keys = [e.key for e in log.read_run(run_id)[1:]]  # type: ignore[attr-defined]
+    assert keys == ["before", "heir", "heir-2"]  # replay, fork, audit read this
+
+    projector = build_projector(settings)  # a restart: floors from Postgres
+    projector.run(until_caught_up=True, idle_seconds=0.3)
+    assert projector.fenced_writes >= 1
+    with psycopg.connect(fresh_db) as conn:
+        rows = conn.execute(
+            "SELECT seq, payload FROM run_events WHERE run_id = %s ORDER BY seq",
+            (run_id,),
+        ).fetchall()
+        floors = conn.execute(
+            "SELECT floors FROM projector_offsets WHERE partition = %s",
+            (partition,),
+        ).fetchone()
+    assert [r[0] for r in rows] == [0, 1, 2, 3]
+    assert [getattr(log.decode_event(r[1]), "key", None) for r in rows][1:] == [
+        "before",
+        "heir",
+        "heir-2",
+    ]
+    assert floors is not None
+    assert floors[0] == {group: heir.epoch}
+
+    # A loader that starts at the projector's offset with its floors.
+    loaded = RunLoader(projections, log, kafka_settings.events_topic).load(run_id)
+    assert loaded.state is not None
+    assert loaded.state.seq == 3
+    assert loaded.head == head
+
+    ports = build_ports(settings)
+    try:
+        report = audit(
+            ports.log,
+            ports.projections,
+            ports.ledger,
+            events_topic=kafka_settings.events_topic,
+            partitions=kafka_settings.partitions,
+            prices={},
+            run_prefix=run_id,
+        )
+    finally:
+        ports.close()
+    assert report.fenced_writes >= 1
+    assert report.runs[run_id].problems == []  # the chain holds without it
+
+
+def test_a_stale_claim_fences_its_own_writer(kafka_settings: KafkaSettings) -> None:
+    """A worker that took epoch 1 but was slow to claim: epoch 2 claimed first, so
+    the older claim counts for nothing and its writer never acts."""
+    log = KafkaEventLog(kafka_settings)
+    group = "g-stale"
+    partition = 0
+    try:
+        heir_ready: list[EpochWriter] = []
+
+        def slow_take() -> int:
+            # While the slow worker holds epoch 1, another takes 2 and claims.
+            heir_ready.append(EpochWriter(log, group, partition, lambda: 2))
+            return 1
+
+        with pytest.raises(FencedError, match="epoch 2 claimed"):
+            EpochWriter(log, group, partition, slow_take)
+        heir_ready[0].close()
+    finally:
+        log.close()
