@@ -86,6 +86,10 @@ class EventLog(Protocol):
         """Append a command to the commands topic; durable when it returns."""
         ...
 
+    def send_all(self, commands: Sequence[Command]) -> list[Position]:
+        """Several commands, durable when it returns (produced together)."""
+        ...
+
     def produce(
         self,
         topic: str,
@@ -240,15 +244,17 @@ class EffectLedger(Protocol):
         ...
 
 
+Due = tuple[str, str, datetime]  # a due timer: (timer_id, run_id, due_at)
+
+
 class Timers(Protocol):
     """Durable timers, due by the store's clock."""
 
     def schedule(self, timer_id: str, run_id: str, due_at: datetime) -> None: ...
 
-    def fire_due(
-        self, fire: Callable[[str, str, datetime], None], limit: int = 100
-    ) -> int:
-        """``fire(timer_id, run_id, due_at)`` for due timers (durably), then mark."""
+    def fire_due(self, fire: Callable[[Sequence[Due]], None], limit: int = 1000) -> int:
+        """``fire`` up to ``limit`` due timers, (timer_id, run_id, due_at) each, in
+        one call that makes their wake-ups durable; then mark them fired."""
         ...
 
     def get(self, timer_id: str) -> tuple[datetime, datetime | None] | None: ...

@@ -24,7 +24,6 @@ from collections import OrderedDict, deque
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 from es_agents import containment
@@ -47,6 +46,7 @@ from es_agents.ports import Decided, Ports, Position
 from es_agents.resume import RunLoader
 from es_agents.run_loop import RunContext, RunLoop
 from es_agents.settings import Settings
+from es_agents.timer_service import BATCH, fire_timers
 
 log = logging.getLogger(__name__)
 
@@ -168,9 +168,8 @@ class Worker:
                     self._route(item.message, item.partition, item.offset)
                 self._start_recoveries()
                 now = time.monotonic()
-                if now - last_timers > 0.25:
-                    self.ports.timers.fire_due(self._fire_timer)
-                    last_timers = now
+                if now - last_timers > 0.25 and self._fire_timers() < BATCH:
+                    last_timers = now  # else more are due: again at once
                 self._commit()
                 if self._fatal is not None:
                     raise self._fatal
@@ -234,11 +233,11 @@ class Worker:
             self.ownership.close()
             self.ports.close()
 
-    def _fire_timer(self, timer: str, run_id: str, due_at: datetime) -> None:
+    def _fire_timers(self) -> int:
         try:
-            self.log.send(FireTimer(run_id=run_id, timer_id=timer, due_at=due_at))
+            return fire_timers(self.ports.timers, self.log)
         except AppendError as e:  # the log is out of reach: crash-only (exit 3)
-            raise Unavailable(f"cannot fire timer {timer}: {e}") from e
+            raise Unavailable(f"cannot fire timers: {e}") from e
 
     # -- partitions ------------------------------------------------------------------
     def _on_assign(self, partitions: list[int]) -> Mapping[int, int] | None:

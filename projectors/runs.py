@@ -7,7 +7,9 @@ messages below the stored offset are skipped, so a projector killed at any point
 restarted ends with the same tables as one that never crashed. Claims and the writes
 of fenced workers are left out (``es_agents.core.epochs``); the partition's epoch
 floors are stored with its offset. Rows go in with
-pipelined ``executemany`` (psycopg pipelines it), not one round trip per row.
+pipelined ``executemany`` (psycopg pipelines it), not one round trip per row. A
+snapshot holds a run's state without its transcript, which goes to
+``run_transcripts`` in append-only chunks; only a run's latest snapshot is kept.
 """
 
 from __future__ import annotations
@@ -32,7 +34,12 @@ from es_agents.core.epochs import EPOCH_HEADER, EpochFence
 from es_agents.core.events import Event, Interrupted, RunCompleted, RunFailed
 from es_agents.core.fold import fold
 from es_agents.core.run_row import RUN_COLUMNS, run_row
-from es_agents.core.snapshot import REDUCER_VERSION, to_snapshot
+from es_agents.core.snapshot import (
+    CHUNK,
+    REDUCER_VERSION,
+    to_snapshot,
+    transcript_chunks,
+)
 from es_agents.core.state import RunState
 from es_agents.dead_letters import DeadLetterQueue
 from es_agents.errors import DecodeError, FoldError, PayloadUnavailable
@@ -48,6 +55,8 @@ SNAPSHOT_EVENTS = (Interrupted, RunCompleted, RunFailed)
 class Batch:
     events: list[tuple[Any, ...]] = field(default_factory=list)
     snapshots: list[tuple[Any, ...]] = field(default_factory=list)
+    chunks: list[tuple[Any, ...]] = field(default_factory=list)
+    latest: dict[str, int] = field(default_factory=dict)  # run -> newest snapshot
     runs: dict[str, tuple[RunState, int, int, str]] = field(default_factory=dict)
     offsets: dict[int, int] = field(default_factory=dict)
     floors: dict[int, dict[str, int]] = field(default_factory=dict)
@@ -90,6 +99,9 @@ class Projector:
         self.db.migrate()
         self.dlq = DeadLetterQueue(log, settings.kafka.dlq_topic)
         self._cache: OrderedDict[str, RunState] = OrderedDict()
+        # Per run: how many transcript messages its stored chunks hold (as far as
+        # this projector knows; read from the table on a miss).
+        self._stored: dict[str, int] = {}
         # Runs folded without some claim-checked payload: no snapshots of them.
         self._incomplete: set[str] = set()
         self.restore: Callable[[Event], Event] = log.restore
@@ -112,12 +124,16 @@ class Projector:
         """Empty the projections and this group's offsets: the next assignment
         projects every partition from its start. Run with no other projector up."""
         with self.db.transaction() as conn:
-            conn.execute("TRUNCATE runs, run_events, run_snapshots, dead_letters")
+            conn.execute(
+                "TRUNCATE runs, run_events, run_snapshots, run_transcripts, "
+                "dead_letters"
+            )
             conn.execute(
                 "DELETE FROM projector_offsets WHERE group_id = %s AND topic = %s",
                 (self.group_id, self.topic),
             )
         self._cache.clear()
+        self._stored.clear()
 
     # -- partitions --------------------------------------------------------------
     def _on_assign(self, partitions: list[int]) -> dict[int, int]:
@@ -131,12 +147,14 @@ class Projector:
                 ).fetchall()
             )
         self._cache.clear()
+        self._stored.clear()
         starts = {p: int(stored.get(p, 0)) for p in partitions}
         log.info("projecting partitions %s from %s", partitions, starts)
         return starts
 
     def _on_revoke(self, partitions: list[int]) -> None:
         self._cache.clear()
+        self._stored.clear()
 
     # -- the loop ------------------------------------------------------------------
     def run(self, until_caught_up: bool = False, idle_seconds: float = 0.5) -> None:
@@ -174,6 +192,7 @@ class Projector:
                 self.probe.hit("projector:before_commit")
         except BaseException:
             self._cache.clear()  # it may hold folds of what was not committed
+            self._stored.clear()
             raise
         self.probe.hit("projector:after_commit")
         self.projected += len(batch.events)
@@ -256,16 +275,41 @@ class Projector:
         batch.runs[event.run_id] = (state, partition, offset, digest(payload).hex())
         snapshot = (event.seq + 1) % self.k == 0 or isinstance(event, SNAPSHOT_EVENTS)
         if snapshot and event.run_id not in self._incomplete:
-            batch.snapshots.append(
-                (
-                    event.run_id,
-                    event.seq,
-                    REDUCER_VERSION,
-                    partition,
-                    offset,
-                    json.dumps(to_snapshot(state)),
-                )
+            self._snapshot(conn, batch, state, partition, offset)
+
+    def _snapshot(
+        self,
+        conn: psycopg.Connection[Any],
+        batch: Batch,
+        state: RunState,
+        partition: int,
+        offset: int,
+    ) -> None:
+        """The state without its transcript, and the transcript's chunks from the
+        last one stored (rewritten while it fills up); older snapshots go."""
+        run_id = state.run_id
+        stored = self._stored.get(run_id)
+        if stored is None:
+            row = conn.execute(
+                "SELECT coalesce(max(chunk), -1) FROM run_transcripts "
+                "WHERE run_id = %s",
+                (run_id,),
+            ).fetchone()
+            stored = max(int(row[0]) if row else -1, 0) * CHUNK
+        for chunk, messages in transcript_chunks(state.transcript, stored):
+            batch.chunks.append((run_id, chunk, Jsonb(messages)))
+        self._stored[run_id] = len(state.transcript)
+        batch.snapshots.append(
+            (
+                run_id,
+                state.seq,
+                REDUCER_VERSION,
+                partition,
+                offset,
+                json.dumps(to_snapshot(state, inline=False)),
             )
+        )
+        batch.latest[run_id] = state.seq
 
     def _dead(self, batch: Batch, msg: Record, reason: str) -> None:
         """To the DLQ (durable before the batch commits) and to ``dead_letters`` in
@@ -314,12 +358,24 @@ class Projector:
                     "%s, %s) ON CONFLICT DO NOTHING",
                     batch.events,
                 )
+            if batch.chunks:
+                cur.executemany(
+                    "INSERT INTO run_transcripts (run_id, chunk, messages) "
+                    "VALUES (%s, %s, %s) ON CONFLICT (run_id, chunk) "
+                    "DO UPDATE SET messages = EXCLUDED.messages",
+                    batch.chunks,
+                )
             if batch.snapshots:
                 cur.executemany(
                     "INSERT INTO run_snapshots (run_id, seq, reducer_version, "
                     'partition, "offset", state) VALUES (%s, %s, %s, %s, %s, %s) '
                     "ON CONFLICT DO NOTHING",
                     batch.snapshots,
+                )
+                # Only the latest snapshot of a run is ever read (O(K) resume).
+                cur.executemany(
+                    "DELETE FROM run_snapshots WHERE run_id = %s AND seq < %s",
+                    list(batch.latest.items()),
                 )
             if batch.dead:
                 cur.executemany(

@@ -50,6 +50,13 @@ class CodedLog:
             sealed = seal_runs(events, self.codec.encode, self._heads)
         return self.append_sealed(sealed)
 
+    def send(self, command: Command) -> Position:
+        raise NotImplementedError
+
+    def send_all(self, commands: Sequence[Command]) -> list[Position]:
+        """Several commands, one after the other (stores that can, pipeline)."""
+        return [self.send(c) for c in commands]
+
     def append_sealed(self, records: Sequence[Sealed]) -> list[Position]:
         raise NotImplementedError
 

@@ -283,6 +283,14 @@ class KafkaEventLog(CodedLog):
         )
         return self.link.wait([future])[0]
 
+    def send_all(self, commands: Sequence[Command]) -> list[Position]:
+        """Produced together, acknowledged together (one wait for all)."""
+        topic = self.settings.commands_topic
+        futures = [
+            self.link.produce(topic, c.run_id, self.codec.encode(c)) for c in commands
+        ]
+        return self.link.wait(futures)
+
     def produce(
         self,
         topic: str,

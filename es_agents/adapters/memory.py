@@ -15,6 +15,7 @@ from es_agents.core.events import Event
 from es_agents.errors import ConfigError, PayloadUnavailable
 from es_agents.ports import (
     Decided,
+    Due,
     EffectRecord,
     EffectStatus,
     Projected,
@@ -91,9 +92,7 @@ class MemoryTimers:
         with self._lock:
             self._rows[timer_id] = (run_id, due_at, None)
 
-    def fire_due(
-        self, fire: Callable[[str, str, datetime], None], limit: int = 100
-    ) -> int:
+    def fire_due(self, fire: Callable[[Sequence[Due]], None], limit: int = 1000) -> int:
         now = datetime.now(UTC)
         with self._lock:
             due = sorted(
@@ -101,9 +100,10 @@ class MemoryTimers:
                 for timer_id, (run_id, due_at, fired) in self._rows.items()
                 if fired is None and due_at <= now
             )[:limit]
-        for due_at, timer_id, run_id in due:
-            fire(timer_id, run_id, due_at)
-            with self._lock:
+        if due:
+            fire([(timer_id, run_id, due_at) for due_at, timer_id, run_id in due])
+        with self._lock:
+            for due_at, timer_id, run_id in due:
                 self._rows[timer_id] = (run_id, due_at, datetime.now(UTC))
         return len(due)
 

@@ -6,7 +6,7 @@ Every psycopg error becomes one of ours at this boundary, with ``raise ... from`
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,7 +17,7 @@ import psycopg
 from psycopg_pool import ConnectionPool
 
 from es_agents.errors import ConfigError, Unavailable
-from es_agents.ports import EffectRecord, EffectStatus
+from es_agents.ports import Due, EffectRecord, EffectStatus
 
 _MIGRATION = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
 
@@ -188,26 +188,24 @@ class PostgresTimers:
                 (timer_id, run_id, due_at),
             )
 
-    def fire_due(
-        self, fire: Callable[[str, str, datetime], None], limit: int = 100
-    ) -> int:
-        """Call ``fire(timer_id, run_id, due_at)`` for due timers, then mark them.
+    def fire_due(self, fire: Callable[[Sequence[Due]], None], limit: int = 1000) -> int:
+        """Call ``fire`` with up to ``limit`` due timers, then mark them.
 
-        ``fire`` must make the wake-up durable (send the command) before returning; a
-        crash before the mark fires the timer again, which the run ignores.
+        ``fire`` must make the wake-ups durable (send the commands) before returning;
+        a crash before the mark fires them again, which the runs ignore.
         """
         with self._db.transaction() as conn:
-            rows = conn.execute(
+            rows: list[Due] = conn.execute(
                 "SELECT timer_id, run_id, due_at FROM timers "
                 "WHERE fired_at IS NULL AND due_at <= now() ORDER BY due_at "
                 "LIMIT %s FOR UPDATE SKIP LOCKED",
                 (limit,),
             ).fetchall()
-            for timer_id, run_id, due_at in rows:
-                fire(timer_id, run_id, due_at)
+            if rows:
+                fire(rows)
                 conn.execute(
-                    "UPDATE timers SET fired_at = now() WHERE timer_id = %s",
-                    (timer_id,),
+                    "UPDATE timers SET fired_at = now() WHERE timer_id = ANY(%s)",
+                    ([r[0] for r in rows],),
                 )
         return len(rows)
 

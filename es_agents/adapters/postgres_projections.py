@@ -13,7 +13,12 @@ from es_agents.core.chain import GENESIS, digest
 from es_agents.core.events import Event
 from es_agents.core.fold import fold
 from es_agents.core.run_row import RUN_COLUMNS
-from es_agents.core.snapshot import REDUCER_VERSION, from_snapshot
+from es_agents.core.snapshot import (
+    REDUCER_VERSION,
+    chunks_needed,
+    from_snapshot,
+    to_snapshot,
+)
 from es_agents.core.state import RunState
 from es_agents.errors import ConfigError
 from es_agents.ports import Projected
@@ -46,7 +51,7 @@ def load_projected(
         head = digest(bytes(row[2]))
     if row is not None:
         try:
-            state = from_snapshot(row[1])
+            state = from_snapshot(row[1], _chunks(conn, run_id, row[1]))
         except (TypeError, KeyError, ValueError) as e:
             # A snapshot is a cache of the fold: one this code cannot read (written
             # by other code under the same reducer version) is skipped, and the
@@ -67,6 +72,32 @@ def load_projected(
         folded += 1
         head = digest(raw)
     return state, (row[0] if row is not None else None), folded, head
+
+
+def _chunks(
+    conn: psycopg.Connection[Any], run_id: str, data: dict[str, Any]
+) -> list[list[dict[str, Any]]]:
+    """The stored transcript chunks a snapshot needs, in order."""
+    needed = chunks_needed(data)
+    if needed == 0:
+        return []
+    return [
+        row[0]
+        for row in conn.execute(
+            "SELECT messages FROM run_transcripts WHERE run_id = %s AND chunk < %s "
+            "ORDER BY chunk",
+            (run_id, needed),
+        )
+    ]
+
+
+def whole_snapshot(
+    conn: psycopg.Connection[Any], run_id: str, data: dict[str, Any]
+) -> dict[str, Any]:
+    """A snapshot with its transcript inline (as the fold would write it)."""
+    if "transcript" in data:
+        return data
+    return to_snapshot(from_snapshot(data, _chunks(conn, run_id, data)))
 
 
 @final
@@ -150,12 +181,18 @@ class PostgresProjections:
 
     def latest_snapshot(self, run_id: str) -> tuple[int, object] | None:
         with self._db.transaction() as conn:
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             row = conn.execute(
                 "SELECT seq, state FROM run_snapshots WHERE run_id = %s "
                 "AND reducer_version = %s ORDER BY seq DESC LIMIT 1",
                 (run_id, REDUCER_VERSION),
             ).fetchone()
-        return None if row is None else (int(row[0]), row[1])
+            if row is None:
+                return None
+            try:
+                return int(row[0]), whole_snapshot(conn, run_id, row[1])
+            except (TypeError, KeyError, ValueError):
+                return int(row[0]), row[1]  # replay reports it as it is
 
     def run_rows(self, run_prefix: str = "") -> dict[str, dict[str, object]]:
         with self._db.transaction() as conn:

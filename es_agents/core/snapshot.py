@@ -2,6 +2,13 @@
 
 ``REDUCER_VERSION`` names the fold's rules; a snapshot written under other rules is
 not used (the run is folded from its events instead).
+
+The transcript is the one part of a run's state that grows with the run, and the
+fold only ever appends to it. So the projector stores it apart, in chunks of
+``CHUNK`` messages that never change once full (``run_transcripts``), and a
+snapshot names only its length (``transcript_len``): a snapshot's size does not grow
+with the run, and a new snapshot writes the messages since the last one, not the
+whole conversation again. Snapshots written with the transcript inline still load.
 """
 
 from __future__ import annotations
@@ -23,6 +30,26 @@ from es_agents.core.state import (
 )
 
 REDUCER_VERSION = 1
+CHUNK = 64  # transcript messages per stored chunk
+
+
+def transcript_chunks(
+    transcript: list[dict[str, JsonValue]], since: int
+) -> list[tuple[int, list[dict[str, JsonValue]]]]:
+    """(chunk number, messages) of every chunk holding a message at index ``since``
+    or later: the chunks a snapshot writes when ``since`` messages were stored."""
+    first = since // CHUNK
+    last = (len(transcript) - 1) // CHUNK
+    return [
+        (n, transcript[n * CHUNK : (n + 1) * CHUNK]) for n in range(first, last + 1)
+    ]
+
+
+def chunks_needed(data: dict[str, Any]) -> int:
+    """How many chunks a snapshot's transcript spans (0: inline or empty)."""
+    if "transcript" in data:
+        return 0
+    return (int(data["transcript_len"]) + CHUNK - 1) // CHUNK
 
 
 def _time(value: datetime | None) -> str | None:
@@ -33,7 +60,9 @@ def _parse_time(value: object) -> datetime | None:
     return datetime.fromisoformat(value) if isinstance(value, str) else None
 
 
-def to_snapshot(state: RunState) -> dict[str, JsonValue]:
+def to_snapshot(state: RunState, inline: bool = True) -> dict[str, JsonValue]:
+    """The state as JSON; ``inline=False``: the transcript's length in its place
+    (the messages are stored as chunks)."""
     pending: dict[str, Any] | None = None
     if isinstance(state.pending, PendingModelCall):
         pending = {"kind": "model", **asdict(state.pending)}
@@ -50,7 +79,11 @@ def to_snapshot(state: RunState) -> dict[str, JsonValue]:
         "status": state.status,
         "seq": state.seq,
         "step": state.step,
-        "transcript": state.transcript,  # type: ignore[dict-item]
+        **(
+            {"transcript": state.transcript}  # type: ignore[dict-item]
+            if inline
+            else {"transcript_len": len(state.transcript)}
+        ),
         "open_tool_calls": [c.model_dump() for c in state.open_tool_calls],
         "last_outcome_seq": state.last_outcome_seq,
         "pending": pending,
@@ -81,7 +114,11 @@ def to_snapshot(state: RunState) -> dict[str, JsonValue]:
     }
 
 
-def from_snapshot(data: dict[str, Any]) -> RunState:
+def from_snapshot(
+    data: dict[str, Any], chunks: list[list[dict[str, JsonValue]]] | None = None
+) -> RunState:
+    """The state a snapshot holds; ``chunks``: its transcript's stored chunks, in
+    order, when the snapshot names only the transcript's length."""
     pending_data = data.get("pending")
     pending: PendingModelCall | PendingToolCall | None = None
     if pending_data is not None:
@@ -98,6 +135,15 @@ def from_snapshot(data: dict[str, Any]) -> RunState:
             **{**waiting_data, "wake_at": _parse_time(waiting_data.get("wake_at"))}
         )
     resume = data.get("last_resume")
+    if "transcript" in data:
+        transcript = list(data["transcript"])
+    else:
+        size = int(data["transcript_len"])
+        transcript = [m for chunk in chunks or [] for m in chunk][:size]
+        if len(transcript) != size:
+            raise ValueError(
+                f"transcript of {size} messages, {len(transcript)} stored in chunks"
+            )
     return RunState(
         run_id=data["run_id"],
         agent=data["agent"],
@@ -105,7 +151,7 @@ def from_snapshot(data: dict[str, Any]) -> RunState:
         status=data["status"],
         seq=data["seq"],
         step=data["step"],
-        transcript=list(data["transcript"]),
+        transcript=transcript,
         open_tool_calls=[ToolCall(**c) for c in data["open_tool_calls"]],
         last_outcome_seq=data["last_outcome_seq"],
         pending=pending,

@@ -8,7 +8,8 @@ steps/s and events/s over that window, the workers' CPU (user + system, from
 ``/proc``) per step and their resident memory. In the same run, a bare
 confluent-kafka producer writes as many records of the same size with the same
 producer settings, for the ratio. Then the largest count again on two worker
-processes, for the scaling ratio. Linux only (``/proc``).
+processes, for the scaling ratio. A projector process runs throughout, as in a
+deployment (its CPU is not counted in the workers'). Linux only (``/proc``).
 """
 
 from __future__ import annotations
@@ -43,20 +44,14 @@ def bench_throughput(
     with scratch_settings(partitions=partitions) as settings:
         codec = AvroCodec()
         completed = codec.catalog.latest("run_completed").fingerprint
-        rounds: dict[str, dict[str, float]] = {}
         warm = 4 * partitions  # every partition's writer made, caches warm
-        with _Workers(settings, steps, 1) as one:
-            _round(settings, one, warm, steps, completed)
-            for n in counts:
-                rounds[str(n)] = _round(settings, one, n, steps, completed)
-                echo(
-                    f"  {n:>5} runs x {steps} steps, 1 worker: {_line(rounds[str(n)])}"
-                )
+        projector = _projector(settings)
+        try:
+            rounds, scaled = _rounds(settings, counts, steps, completed, warm, echo)
+        finally:
+            projector.terminate()
+            projector.wait(30)
         largest = max(counts)
-        with _Workers(settings, steps, 2) as two:
-            _round(settings, two, warm, steps, completed)
-            scaled = _round(settings, two, largest, steps, completed)
-        echo(f"  {largest:>5} runs x {steps} steps, 2 workers: {_line(scaled)}")
         sample = codec.encode(
             ToolReturned(
                 run_id=str(uuid.uuid4()),
@@ -90,6 +85,52 @@ def bench_throughput(
     return summary
 
 
+def _rounds(  # noqa: PLR0917 - the bench's own parameters
+    settings: Settings,
+    counts: list[int],
+    steps: int,
+    completed: bytes,
+    warm: int,
+    echo: Callable[[str], None],
+) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    rounds: dict[str, dict[str, float]] = {}
+    with _Workers(settings, steps, 1) as one:
+        _round(settings, one, warm, steps, completed)
+        for n in counts:
+            rounds[str(n)] = _round(settings, one, n, steps, completed)
+            echo(f"  {n:>5} runs x {steps} steps, 1 worker: {_line(rounds[str(n)])}")
+    largest = max(counts)
+    with _Workers(settings, steps, 2) as two:
+        _round(settings, two, warm, steps, completed)
+        scaled = _round(settings, two, largest, steps, completed)
+    echo(f"  {largest:>5} runs x {steps} steps, 2 workers: {_line(scaled)}")
+    return rounds, scaled
+
+
+def _env(settings: Settings, steps: int) -> dict[str, str]:
+    kafka = settings.kafka
+    return {
+        **os.environ,
+        "ES_AGENTS_STORE": settings.store,
+        "ES_AGENTS_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+        "ES_AGENTS_TOPIC_PREFIX": kafka.topic_prefix,
+        "ES_AGENTS_PARTITIONS": str(kafka.partitions),
+        "ES_AGENTS_DATABASE_URL": settings.database_url.get_secret_value(),
+        "ES_AGENTS_BENCH_STEPS": str(steps),
+    }
+
+
+def _projector(settings: Settings) -> subprocess.Popen[bytes]:
+    """The projector, as deployments run it: the workers resume from its tables
+    (without one, every start would read its partition from the beginning)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "es_agents.cli", "projector"],
+        env=_env(settings, 0),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 def _line(r: dict[str, float]) -> str:
     return (
         f"{r['steps_per_s']:,.0f} steps/s, {r['events_per_s']:,.0f} events/s, "
@@ -104,15 +145,7 @@ class _Workers:
         kafka = settings.kafka
         self.settings = settings
         self.logs = Path(tempfile.mkdtemp(prefix="es-bench-throughput-"))
-        env = {
-            **os.environ,
-            "ES_AGENTS_STORE": settings.store,
-            "ES_AGENTS_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-            "ES_AGENTS_TOPIC_PREFIX": kafka.topic_prefix,
-            "ES_AGENTS_PARTITIONS": str(kafka.partitions),
-            "ES_AGENTS_DATABASE_URL": settings.database_url.get_secret_value(),
-            "ES_AGENTS_BENCH_STEPS": str(steps),
-        }
+        env = _env(settings, steps)
         self._producer: Producer | None = None
         group = f"{kafka.topic_prefix}.workers.bench-{count}"
         self.procs = [

@@ -36,8 +36,8 @@ def test_timers_fire_once_when_due(ports: Ports) -> None:
     timers.schedule(due, "run-1", now - timedelta(seconds=1))
     timers.schedule(later, "run-2", now + timedelta(hours=1))
     fired: list[str] = []
-    timers.fire_due(lambda t, r, at: fired.append(t))
-    timers.fire_due(lambda t, r, at: fired.append(t))
+    timers.fire_due(lambda due: fired.extend(t for t, _, _ in due))
+    timers.fire_due(lambda due: fired.extend(t for t, _, _ in due))
     assert due in fired
     assert fired.count(due) == 1
     assert later not in fired
@@ -45,7 +45,7 @@ def test_timers_fire_once_when_due(ports: Ports) -> None:
     assert found is not None
     assert found[1] is not None
     timers.schedule(due, "run-1", now - timedelta(seconds=1))  # armed again
-    timers.fire_due(lambda t, r, at: fired.append(t))
+    timers.fire_due(lambda due: fired.extend(t for t, _, _ in due))
     assert fired.count(due) == 2
 
 

@@ -97,6 +97,10 @@ def _tables(db: str) -> dict[str, list[tuple[Any, ...]]]:
                 'SELECT run_id, seq, reducer_version, partition, "offset", state '
                 "FROM run_snapshots ORDER BY run_id, seq"
             ).fetchall(),
+            "run_transcripts": conn.execute(
+                "SELECT run_id, chunk, messages FROM run_transcripts "
+                "ORDER BY run_id, chunk"
+            ).fetchall(),
         }
 
 
@@ -131,7 +135,7 @@ def test_projection_equals_the_fold_of_random_interleavings(
                 if (e.seq + 1) % k == 0
                 or e.wire_name in ("interrupted", "run_completed", "run_failed")
             }
-            assert set(seqs) == expected
+            assert seqs == [max(expected)]  # only the latest snapshot is kept
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -12,6 +12,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import psycopg
@@ -376,9 +377,8 @@ def test_a_sleep_scheduled_again_is_armed_again(database_url: str) -> None:
     due = datetime.now(UTC) - timedelta(seconds=1)
     fired: list[str] = []
 
-    def fire(timer_id: str, run_id: str, due_at: datetime) -> None:
-        if timer_id == timer:
-            fired.append(timer_id)
+    def fire(due: Sequence[tuple[str, str, datetime]]) -> None:
+        fired.extend(timer_id for timer_id, _, _ in due if timer_id == timer)
 
     try:
         timers.schedule(timer, run_id, due)
