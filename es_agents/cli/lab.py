@@ -107,6 +107,41 @@ def bench_throughput_command(runs: str, steps: int, partitions: int) -> None:
     bench_throughput(counts, steps, partitions, click.echo)
 
 
+@bench.command("growth")
+@click.option("--chat-steps", type=int, default=10_000, show_default=True)
+@click.option("--tool-calls", type=int, default=100, show_default=True)
+@click.option("--resumes", type=int, default=5, show_default=True)
+def bench_growth_command(chat_steps: int, tool_calls: int, resumes: int) -> None:
+    """Log and Postgres bytes per step early and late in a long run, snapshot size,
+    and resume at the end: a chat agent and one whose tools return 5 KB."""
+    import logging  # noqa: PLC0415
+
+    from es_agents.lab.bench_growth import bench_growth  # noqa: PLC0415
+
+    logging.getLogger("es_agents.worker").setLevel(logging.WARNING)
+    logging.getLogger("projectors.runs").setLevel(logging.WARNING)
+    bench_growth(chat_steps, tool_calls, resumes, click.echo)
+
+
+@bench.command("idle")
+@click.option("--paused", type=int, default=10_000, show_default=True)
+@click.option("--idle", "idle_seconds", type=float, default=10, show_default=True)
+@click.option("--timers", type=int, default=100_000, show_default=True)
+@click.option(
+    "--rate", type=float, default=2000, show_default=True, help="Timers due per s."
+)
+def bench_idle_command(
+    paused: int, idle_seconds: float, timers: int, rate: float
+) -> None:
+    """A worker's memory and CPU with many paused runs; timers fired on time."""
+    import logging  # noqa: PLC0415
+
+    from es_agents.lab.bench_idle import bench_idle  # noqa: PLC0415
+
+    logging.getLogger("projectors.runs").setLevel(logging.WARNING)
+    bench_idle(paused, idle_seconds, timers, rate, click.echo)
+
+
 @bench.command("chaos")
 @click.option("--minutes", type=float, default=15, show_default=True)
 @click.option("--seed", type=int, default=1, show_default=True)

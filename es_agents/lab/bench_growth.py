@@ -123,6 +123,7 @@ class Measure:
     db_bytes: int
     snapshot_bytes: int
     snapshots: int
+    payload_bytes: int  # the transcript's messages as JSON: what the run carries
 
 
 def _db_bytes(conn: psycopg.Connection[Any]) -> int:
@@ -146,8 +147,13 @@ def _measure(settings: Settings, ports: Ports, run_id: str) -> Measure:
             log_bytes += sum(len(k) + len(v) for k, v in record.headers)
     url = settings.database_url.get_secret_value()
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("VACUUM")  # count live rows' pages, not the projector's churn
+        conn.execute("VACUUM")  # dead rows' space marked free for reuse
         db_bytes = _db_bytes(conn)
+        payload = conn.execute(
+            "SELECT coalesce(sum(octet_length(messages::text)), 0) "
+            "FROM run_transcripts WHERE run_id = %s",
+            (run_id,),
+        ).fetchone()
         row = conn.execute(
             "SELECT coalesce(max(octet_length(state::text)), 0), count(*) "
             "FROM run_snapshots WHERE run_id = %s",
@@ -158,7 +164,12 @@ def _measure(settings: Settings, ports: Ports, run_id: str) -> Measure:
         ).fetchone()
     step = int(status[0]) if status else 0
     return Measure(
-        step, log_bytes, db_bytes, int(row[0]) if row else 0, int(row[1]) if row else 0
+        step,
+        log_bytes,
+        db_bytes,
+        int(row[0]) if row else 0,
+        int(row[1]) if row else 0,
+        int(payload[0]) if payload else 0,
     )
 
 
@@ -177,7 +188,9 @@ def _wait_paused(ports: Ports, run_id: str, step: int, timeout: float) -> None:
         time.sleep(0.05)
 
 
-def _resume_ms(ports: Ports, worker: Any, run_id: str) -> float:
+def _resume_ms(ports: Ports, worker: Any, run_id: str, at: int) -> float:
+    """Approve the stop at step ``at``: milliseconds to the next step durable."""
+    _wait_paused(ports, run_id, at, 120)
     before = len(worker.append_ms)
     started = time.perf_counter()
     ports.log.send(Approve(run_id=run_id, by="bench"))
@@ -210,6 +223,7 @@ def _one(
         thread.start()
     run_id = f"growth-{agent.name}-{uuid.uuid4().hex[:6]}"
     try:
+        empty = _measure(settings, ports, run_id)  # the tables before the run
         started = time.perf_counter()
         ports.log.send(StartRun(run_id=run_id, agent=agent.name))
         _wait_paused(ports, run_id, early, 120)
@@ -218,7 +232,7 @@ def _one(
         _wait_paused(ports, run_id, late[0], 3600)
         took = time.perf_counter() - started
         last = _measure(settings, ports, run_id)
-        times = [_resume_ms(ports, worker, run_id) for _ in range(resumes)]
+        times = [_resume_ms(ports, worker, run_id, at) for at in late[:resumes]]
     finally:
         worker.stop()
         projector.stop()
@@ -226,18 +240,20 @@ def _one(
             thread.join(30)
         ports.close()
     rest = max(last.step - first.step, 1)
+    base = empty.db_bytes
     result: dict[str, object] = {
         "steps": last.step,
         "seconds": round(took, 1),
         "log_bytes_per_step_start": round(first.log_bytes / max(first.step, 1)),
         "log_bytes_per_step_end": round((last.log_bytes - first.log_bytes) / rest),
-        "db_bytes_per_step_start": round(first.db_bytes / max(first.step, 1)),
+        "db_bytes_per_step_start": round((first.db_bytes - base) / max(first.step, 1)),
         "db_bytes_per_step_end": round((last.db_bytes - first.db_bytes) / rest),
         "snapshot_bytes_start": first.snapshot_bytes,
         "snapshot_bytes_end": last.snapshot_bytes,
         "snapshots_kept": last.snapshots,
+        "payload_bytes_per_step": round(last.payload_bytes / max(last.step, 1)),
         "log_bytes_total": last.log_bytes,
-        "db_bytes_total": last.db_bytes,
+        "db_bytes_total": last.db_bytes - base,
         "resume_ms_median": round(statistics.median(times), 2),
     }
     echo(
@@ -245,6 +261,7 @@ def _one(
         f"{result['log_bytes_per_step_start']} (first {first.step} steps) -> "
         f"{result['log_bytes_per_step_end']} (the rest); Postgres bytes/step "
         f"{result['db_bytes_per_step_start']} -> {result['db_bytes_per_step_end']}; "
+        f"(messages {result['payload_bytes_per_step']} bytes/step); "
         f"latest snapshot {first.snapshot_bytes} -> {last.snapshot_bytes} bytes "
         f"({last.snapshots} kept); resume at the end "
         f"{result['resume_ms_median']} ms (median of {resumes})"
@@ -255,11 +272,36 @@ def _one(
 def _short_resume(
     settings: Settings, resumes: int, echo: Callable[[str], None]
 ) -> float:
-    """A 10-event run (the chat agent stopped at step 4) resumed ``resumes`` times."""
-    agent = _chat(40)
-    result = _one(settings, agent, 8 + 2 * resumes, resumes, lambda _: None)
-    ms = float(str(result["resume_ms_median"]))
-    echo(f"a short run: resume {ms} ms (median of {resumes})")
+    """A run of 10 events (the chat agent stopped at step 4), resumed ``resumes``
+    times: each approval is one more step, to the next stop."""
+    agent = Stops(_chat(100), [4 + 2 * n for n in range(resumes + 1)])
+    ports = build_ports(settings)
+    projector = build_projector(settings)
+    worker = build_worker(settings, agent)
+    threads = [
+        threading.Thread(target=projector.run, daemon=True),
+        threading.Thread(target=worker.run, daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    run_id = f"growth-short-{uuid.uuid4().hex[:6]}"
+    try:
+        ports.log.send(StartRun(run_id=run_id, agent=agent.name))
+        _wait_paused(ports, run_id, 4, 120)
+        row = ports.projections.run_row(run_id) or {}
+        times = [_resume_ms(ports, worker, run_id, 4)]
+        times += [_resume_ms(ports, worker, run_id, 6 + 2 * n) for n in range(resumes)]
+    finally:
+        worker.stop()
+        projector.stop()
+        for thread in threads:
+            thread.join(30)
+        ports.close()
+    ms = round(statistics.median(times), 2)
+    echo(
+        f"a run of {int(str(row.get('last_seq', 0))) + 1} events: resume {ms} ms "
+        f"(median of {resumes})"
+    )
     return ms
 
 
