@@ -27,6 +27,12 @@ class KafkaSettings(BaseSettings):
     min_insync_replicas: int = Field(
         default=1, ge=1, description="Topics' min.insync.replicas (with acks=all)"
     )
+    topic_config: dict[str, str] = Field(
+        default_factory=dict,
+        description="More configs for the topics this creates: JSON like "
+        '{"flush.messages": "1"} (the broker fsyncs every message before it '
+        "acknowledges)",
+    )
     linger_ms: float = Field(
         default=0.0, ge=0, description="0 = send each append at once"
     )

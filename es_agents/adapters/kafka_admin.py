@@ -45,6 +45,7 @@ def ensure_topics(
     except KafkaException as e:
         raise Unavailable(f"kafka at {settings.bootstrap_servers}: {e}") from e
     config = {
+        **settings.topic_config,
         **FOREVER,
         "min.insync.replicas": str(settings.min_insync_replicas),
     }

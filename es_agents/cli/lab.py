@@ -16,14 +16,19 @@ def bench() -> None:
 
 @bench.command("steps")
 @click.option("--steps", type=int, default=1000, show_default=True)
-def bench_steps_command(steps: int) -> None:
+@click.option(
+    "--fsync",
+    is_flag=True,
+    help="Topics with flush.messages=1: the broker fsyncs each message first.",
+)
+def bench_steps_command(steps: int, fsync: bool) -> None:
     """Per-step cost of the protocol vs raw produce+flush, and log bytes per step."""
     import logging  # noqa: PLC0415
 
     from es_agents.lab.bench import bench_steps  # noqa: PLC0415
 
     logging.getLogger("es_agents.worker").setLevel(logging.WARNING)
-    bench_steps(steps, click.echo)
+    bench_steps(steps, click.echo, fsync=fsync)
 
 
 @bench.command("resume")

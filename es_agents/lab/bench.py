@@ -97,8 +97,10 @@ def _run(settings: Settings, agent: Agent) -> tuple[list[Event], list[float], fl
     return events, list(worker.append_ms), wall
 
 
-def bench_steps(steps: int, echo: Callable[[str], None]) -> dict[str, object]:
-    with scratch_settings(partitions=1) as settings:
+def bench_steps(
+    steps: int, echo: Callable[[str], None], fsync: bool = False
+) -> dict[str, object]:
+    with scratch_settings(partitions=1, fsync=fsync) as settings:
         return _bench_steps(settings, steps, echo)
 
 
@@ -240,6 +242,8 @@ def _raw_writes(settings: Settings, record: bytes, n: int) -> list[float]:
 
 def _durability(settings: Settings) -> str:
     if settings.store != "postgres":
+        if settings.kafka.topic_config.get("flush.messages") == "1":
+            return "acks=all, single broker, fsync per message (flush.messages=1)"
         return "acks=all, single broker, page cache (no fsync per message)"
     with psycopg.connect(settings.database_url.get_secret_value()) as conn:
         fsync = conn.execute("SHOW fsync").fetchone()
@@ -251,14 +255,22 @@ def _durability(settings: Settings) -> str:
 
 
 @contextmanager
-def scratch_settings(partitions: int, k: int | None = None) -> Iterator[Settings]:
+def scratch_settings(
+    partitions: int, k: int | None = None, fsync: bool = False
+) -> Iterator[Settings]:
     """Settings of a bench's own: a fresh topic prefix, and a fresh database on the
-    configured server (dropped afterwards). A bench never touches a user's data."""
+    configured server (dropped afterwards). A bench never touches a user's data.
+    ``fsync``: topics with ``flush.messages=1`` (the broker fsyncs each message
+    before it acknowledges)."""
     base = load_settings()
     uid = uuid.uuid4().hex[:8]
-    kafka = base.kafka.model_copy(
-        update={"topic_prefix": f"bench-{uid}", "partitions": partitions}
-    )
+    update: dict[str, object] = {
+        "topic_prefix": f"bench-{uid}",
+        "partitions": partitions,
+    }
+    if fsync:
+        update["topic_config"] = {**base.kafka.topic_config, "flush.messages": "1"}
+    kafka = base.kafka.model_copy(update=update)
     url = base.database_url.get_secret_value()
     name = f"es_bench_{uid}"
     with psycopg.connect(make_conninfo(url, dbname="postgres"), autocommit=True) as c:
