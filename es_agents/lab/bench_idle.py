@@ -30,12 +30,13 @@ import psycopg
 
 from es_agents.app import build_ports, build_projector
 from es_agents.core.events import Event
-from es_agents.lab.bench import _long_run, scratch_settings
+from es_agents.lab.bench import GateLoop, _long_run, scratch_settings
 from es_agents.settings import Settings
 from es_agents.timer_service import fire_timers
 
 _TICKS = os.sysconf("SC_CLK_TCK")
-AGENT = "es_agents.lab.bench:GateLoop"
+gate_loop = GateLoop()  # the runs wait at gate ``g``: the worker's agent
+AGENT = "es_agents.lab.bench_idle:gate_loop"
 
 
 def _worker(settings: Settings, log_dir: Path) -> subprocess.Popen[bytes]:
