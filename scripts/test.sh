@@ -39,11 +39,19 @@ $BIN/es-agents dev up
 echo "== tests"
 $BIN/python -m pytest -p no:cacheprovider -o console_output_style=classic --durations=15 tests "$@"
 
+# The benchmarks, short: each prints its figures and one JSON line; nothing here
+# asserts a time (the README's Performance section has the full-size figures).
+echo "== benches (short versions)"
+$BIN/es-agents bench steps --steps 100
+$BIN/es-agents bench throughput --runs 1,10 --steps 10
+$BIN/es-agents bench growth --chat-steps 200 --tool-calls 10 --resumes 2
+$BIN/es-agents bench idle --paused 200 --idle 1 --timers 2000 --rate 1000
+
 # Last, since they kill and restart the broker and Postgres: a seeded chaos run of at
-# most ~3 minutes (90 s of faults, a heal of at most 60 s) on each store. Exit 1 on
+# most ~2.5 minutes (60 s of faults, a heal of at most 60 s) on each store. Exit 1 on
 # any violation.
 echo "== chaos (seeded), Kafka store"
-$BIN/es-agents bench chaos --minutes 1.5 --seed 42 --heal-seconds 60
+$BIN/es-agents bench chaos --minutes 1 --seed 42 --heal-seconds 60
 echo "== chaos (seeded), Postgres store: the broker's faults restart Postgres instead"
-ES_AGENTS_STORE=postgres $BIN/es-agents bench chaos --minutes 1.5 --seed 42 --heal-seconds 60
+ES_AGENTS_STORE=postgres $BIN/es-agents bench chaos --minutes 1 --seed 42 --heal-seconds 60
 echo "make test took $(( $(date +%s) - started ))s"
