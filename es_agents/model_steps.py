@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 MODEL_TRIES = 5
 
 
+class _ModelUnavailable(Unavailable):
+    """The model out of reach -- not the log or the database, whose
+    ``Unavailable`` is the worker's (crash-only), never a run's failure."""
+
+
 def call_model(loop: RunLoop, state: RunState, step: CallModel, attempt: int) -> None:
     """Request (durable), call, record. Each retry of the call is requested
     again first (``attempt`` + 1), so every call the model saw is in the log."""
@@ -49,7 +54,7 @@ def call_model(loop: RunLoop, state: RunState, step: CallModel, attempt: int) ->
             _request(loop, state, step, model.model_id, number)
             with tried:
                 completion = _complete(loop, model, step)
-    except Unavailable as e:
+    except _ModelUnavailable as e:
         raise RunError(
             "model_unavailable", f"{e} (gave up after {MODEL_TRIES} tries)"
         ) from e
@@ -86,7 +91,10 @@ def _complete(loop: RunLoop, model: ModelClient, step: CallModel) -> Completion:
     caller; a refusal or a client bug ends the run (``model_error``)."""
     try:
         completion = model.complete(step.messages, step.params, step.tools)
-    except (Unavailable, RetryableToolError) as e:
+    except Unavailable as e:
+        log.warning("run %s: model call failed (%s)", loop.actor.run_id, e)
+        raise _ModelUnavailable(str(e)) from e
+    except RetryableToolError as e:
         log.warning("run %s: model call failed (%s)", loop.actor.run_id, e)
         raise
     except (ModelError, ConfigError) as e:

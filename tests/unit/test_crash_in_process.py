@@ -19,9 +19,10 @@ from pydantic import BaseModel, JsonValue
 from es_agents.agent import ToolAgent
 from es_agents.app import build_ports, build_worker
 from es_agents.core.commands import ProvideInput, StartRun
-from es_agents.core.events import Event, ModelCallRequested, ToolReturned
+from es_agents.core.events import Event, ModelCallRequested, RunFailed, ToolReturned
 from es_agents.core.fold import replay
 from es_agents.core.state import RunState
+from es_agents.errors import Unavailable
 from es_agents.models import ScriptedModel, call, reply
 from es_agents.ports import Ports
 from es_agents.settings import KafkaSettings, Settings
@@ -194,6 +195,38 @@ def test_crash_at_each_protocol_point_then_resume(
     )
     for digest, issued in Counter(model.calls).items():
         assert issued <= requested[digest], (digest, issued, requested[digest])
+
+
+class StoreGone(CrashAt):
+    """The log's store out of reach at a point (a database restart on the
+    Postgres store): the adapter raises ``Unavailable``."""
+
+    def hit(self, point: str) -> None:
+        if point == self.point:
+            self.seen += 1
+            if self.seen == self.nth:
+                raise Unavailable(f"postgres: terminating connection at {point}")
+
+
+def test_the_store_out_of_reach_at_a_model_request_is_not_the_models_failure(
+    baseline: RunState,
+) -> None:
+    """A model step whose request cannot be appended: the worker stops (crash-only)
+    and the run goes on under the next one -- it is not failed as
+    ``model_unavailable``."""
+    settings = _settings()
+    world, model = World(), ScriptedModel(SCRIPT)
+    ports, run_id = _start(settings)
+    with pytest.raises(Unavailable, match="terminating connection"):
+        _work(
+            settings,
+            crashy(world, model),
+            StoreGone("before_append:model_call_requested@2"),
+        )
+    assert not any(isinstance(e, RunFailed) for e in _events(ports, run_id))
+    _work(settings, crashy(world, model))
+    state = replay(_events(ports, run_id))
+    assert _normalized(state) == _normalized(baseline)
 
 
 def test_crash_between_ledger_claim_and_call_pauses_for_a_person() -> None:
