@@ -216,10 +216,10 @@ class Projector:
                 offset = msg.offset
                 if offset < stored:
                     continue  # projected by an earlier transaction
+                ignored = fence.ignored
                 if fence.admits(msg.headers):
                     self._project(conn, batch, msg, partition, offset)
-                elif fence.ignored:
-                    fence.ignored = 0
+                elif fence.ignored > ignored:  # a zombie's event, not a claim
                     self.fenced_writes += 1
                     log.warning(
                         "%s[%d]@%d: left out: written by a fenced worker (%s)",

@@ -23,7 +23,8 @@ import statistics
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,6 +203,28 @@ def _resume_ms(ports: Ports, worker: Any, run_id: str, at: int) -> float:
     return (time.perf_counter() - started) * 1000
 
 
+@contextmanager
+def _serving(settings: Settings, agent: Any) -> Iterator[tuple[Ports, Any]]:
+    """A projector and a worker for ``agent``, each in a thread, until the end."""
+    ports = build_ports(settings)
+    projector = build_projector(settings, batch_size=2000)
+    worker = build_worker(settings, agent)
+    threads = [
+        threading.Thread(target=projector.run, daemon=True),
+        threading.Thread(target=worker.run, daemon=True),
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        yield ports, worker
+    finally:
+        worker.stop()
+        projector.stop()
+        for thread in threads:
+            thread.join(30)
+        ports.close()
+
+
 def _one(
     settings: Settings,
     agent: ToolAgent,
@@ -212,17 +235,8 @@ def _one(
     early = max(steps // 10, 10)
     late = [steps - 2 * (resumes + 1) + 2 * n for n in range(resumes + 1)]
     stops = Stops(agent, [early, *late])
-    ports = build_ports(settings)
-    projector = build_projector(settings, batch_size=2000)
-    worker = build_worker(settings, stops)
-    threads = [
-        threading.Thread(target=projector.run, daemon=True),
-        threading.Thread(target=worker.run, daemon=True),
-    ]
-    for thread in threads:
-        thread.start()
     run_id = f"growth-{agent.name}-{uuid.uuid4().hex[:6]}"
-    try:
+    with _serving(settings, stops) as (ports, worker):
         empty = _measure(settings, ports, run_id)  # the tables before the run
         started = time.perf_counter()
         ports.log.send(StartRun(run_id=run_id, agent=agent.name))
@@ -233,12 +247,6 @@ def _one(
         took = time.perf_counter() - started
         last = _measure(settings, ports, run_id)
         times = [_resume_ms(ports, worker, run_id, at) for at in late[:resumes]]
-    finally:
-        worker.stop()
-        projector.stop()
-        for thread in threads:
-            thread.join(30)
-        ports.close()
     rest = max(last.step - first.step, 1)
     base = empty.db_bytes
     result: dict[str, object] = {
@@ -275,28 +283,13 @@ def _short_resume(
     """A run of 10 events (the chat agent stopped at step 4), resumed ``resumes``
     times: each approval is one more step, to the next stop."""
     agent = Stops(_chat(100), [4 + 2 * n for n in range(resumes + 1)])
-    ports = build_ports(settings)
-    projector = build_projector(settings)
-    worker = build_worker(settings, agent)
-    threads = [
-        threading.Thread(target=projector.run, daemon=True),
-        threading.Thread(target=worker.run, daemon=True),
-    ]
-    for thread in threads:
-        thread.start()
     run_id = f"growth-short-{uuid.uuid4().hex[:6]}"
-    try:
+    with _serving(settings, agent) as (ports, worker):
         ports.log.send(StartRun(run_id=run_id, agent=agent.name))
         _wait_paused(ports, run_id, 4, 120)
         row = ports.projections.run_row(run_id) or {}
         times = [_resume_ms(ports, worker, run_id, 4)]
         times += [_resume_ms(ports, worker, run_id, 6 + 2 * n) for n in range(resumes)]
-    finally:
-        worker.stop()
-        projector.stop()
-        for thread in threads:
-            thread.join(30)
-        ports.close()
     ms = round(statistics.median(times), 2)
     echo(
         f"a run of {int(str(row.get('last_seq', 0))) + 1} events: resume {ms} ms "

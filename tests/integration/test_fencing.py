@@ -10,7 +10,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -24,6 +23,7 @@ from es_agents.core.chain import Sealed, seal_runs
 from es_agents.core.events import Event, ModelCallRequested
 from es_agents.lab.demo import run_worker, ticket_stats
 from es_agents.settings import KafkaSettings
+from tests.integration.test_commands import until
 from tests.integration.test_runtime import _events, _start
 from tests.test_support import ROOT
 
@@ -54,12 +54,14 @@ def test_a_zombie_worker_cannot_append_after_losing_its_partitions(
     )
     zombie_log = tmp_path / "zombie.log"
     try:
-        deadline = time.monotonic() + 60
-        while not any(
-            isinstance(e, ModelCallRequested) for e in _events(kafka_settings, run_id)
-        ):
-            assert time.monotonic() < deadline, "the first worker never started"
-            time.sleep(0.1)
+        until(
+            lambda: any(
+                isinstance(e, ModelCallRequested)
+                for e in _events(kafka_settings, run_id)
+            ),
+            60,
+            "the first worker never started",
+        )
         zombie.send_signal(signal.SIGSTOP)  # paused inside a 2 s model call
 
         # A second worker gets the partitions once the zombie's session expires,
@@ -73,10 +75,11 @@ def test_a_zombie_worker_cannot_append_after_losing_its_partitions(
         assert replay(finished).status == "completed"
 
         zombie.send_signal(signal.SIGCONT)  # it wakes, its model call returns...
-        deadline = time.monotonic() + 30
-        while not any(w in zombie_log.read_text() for w in ("fenced", "not owned")):
-            assert time.monotonic() < deadline, zombie_log.read_text()[-3000:]
-            time.sleep(0.1)  # ...it tries to append, and is refused
+        until(  # ...it tries to append, and is refused
+            lambda: any(w in zombie_log.read_text() for w in ("fenced", "not owned")),
+            30,
+            "the zombie was not refused",
+        )
     finally:
         zombie.send_signal(signal.SIGCONT)
         zombie.terminate()
