@@ -154,11 +154,13 @@ def _kafka(env: dict[str, str]) -> KafkaSettings:
 def test_many_agents_share_the_topics(env: dict[str, str], database_url: str) -> None:
     settings = Settings(kafka=_kafka(env), database_url=database_url)
     with Client(settings) as client:
-        late = client.start("quick-other", wait=5)
-        assert late.status == "queued"
-        assert "no worker serves agent 'quick-other'" in (late.reason or "")
+        late = [client.start(agent, wait=5) for agent in ("quick", "quick-other")]
+        assert [r.status for r in late] == ["queued"] * 2
+        assert "no worker serves agent 'quick-other'" in (late[1].reason or "")
         with worker(env, "tests.agents:quick"), worker(env, "tests.agents:quick_other"):
-            until(lambda: client.status(late.run_id).status == "completed", 90)
+            # Both queued starts completing shows both workers serve their agent.
+            for r in late:
+                until(lambda r=r: client.status(r.run_id).status == "completed", 90)  # type: ignore[misc]
             results = [
                 client.start(agent, wait=30)
                 for _ in range(8)
