@@ -60,16 +60,20 @@ class Database:
 
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
-        try:
-            with self.pool.connection() as conn, conn.transaction():
+        with _translated(), self.pool.connection() as conn, conn.transaction():
+            yield conn
+
+    @contextmanager
+    def statement(self) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
+        """A connection for one statement outside a transaction: one round trip
+        (a single statement sees one consistent snapshot by itself)."""
+        with _translated(), self.pool.connection() as conn:
+            conn.autocommit = True
+            try:
                 yield conn
-        except psycopg.OperationalError as e:
-            raise Unavailable(f"postgres: {e}") from e
-        except psycopg.errors.UndefinedTable as e:
-            raise ConfigError(
-                f"the database has no es-agents tables ({e.diag.message_primary}): "
-                "run `es-agents migrate` (workers and projectors do it on start)"
-            ) from e
+            finally:
+                if not conn.closed:
+                    conn.autocommit = False
 
     def migrate(self, dry_run: bool = False) -> list[Migration]:
         """Apply the migrations not applied yet (each in its own transaction)."""
@@ -102,6 +106,20 @@ class Database:
 
 
 MIGRATION_LOCK = 0x65_73_61_67  # "esag": the advisory lock taken while migrating
+
+
+@contextmanager
+def _translated() -> Iterator[None]:
+    """Errors of the database's own translated at the boundary."""
+    try:
+        yield
+    except psycopg.OperationalError as e:
+        raise Unavailable(f"postgres: {e}") from e
+    except psycopg.errors.UndefinedTable as e:
+        raise ConfigError(
+            f"the database has no es-agents tables ({e.diag.message_primary}): "
+            "run `es-agents migrate` (workers and projectors do it on start)"
+        ) from e
 
 
 def _safe(url: str) -> str:

@@ -14,6 +14,7 @@ from es_agents.core.events import Event
 from es_agents.core.fold import fold
 from es_agents.core.run_row import RUN_COLUMNS
 from es_agents.core.snapshot import (
+    CHUNK,
     REDUCER_VERSION,
     chunks_needed,
     from_snapshot,
@@ -30,48 +31,89 @@ _NAMES = (*RUN_COLUMNS, "head")
 _COLUMNS = ", ".join(_NAMES)
 
 
+# One statement, so one round trip and one consistent view: the latest snapshot of
+# this reducer version with its event's bytes (part 0), the transcript chunks it
+# needs (1), the projected events after it (2), and the projector's offset and
+# epoch floors on the run's partition (3).
+_LOAD = """
+WITH s AS (
+    SELECT seq, state FROM run_snapshots
+    WHERE run_id = %(run)s AND reducer_version = %(reducer)s
+    ORDER BY seq DESC LIMIT 1
+)
+SELECT 0, s.seq, s.state, e.payload FROM s
+    LEFT JOIN run_events e ON e.run_id = %(run)s AND e.seq = s.seq
+UNION ALL
+SELECT 1, t.chunk, t.messages, NULL FROM s
+    JOIN run_transcripts t ON t.run_id = %(run)s AND t.chunk <
+        (COALESCE((s.state ->> 'transcript_len')::int, 0) + %(chunk)s - 1) / %(chunk)s
+UNION ALL
+SELECT 2, e.seq, NULL, e.payload FROM run_events e
+    WHERE e.run_id = %(run)s AND e.seq > COALESCE((SELECT seq FROM s), -1)
+UNION ALL
+SELECT 3, o.next_offset, o.floors, NULL FROM projector_offsets o
+    WHERE o.group_id = %(group)s AND o.topic = %(topic)s AND o.partition = %(partition)s
+ORDER BY 1, 2
+"""
+
+
 def load_projected(
     conn: psycopg.Connection[Any],
     decode: Callable[[bytes], Event],
     run_id: str,
     restore: Callable[[Event], Event] | None = None,
-) -> tuple[RunState | None, int | None, int, bytes]:
+    offset_of: tuple[str, str, int] | None = None,
+) -> tuple[RunState | None, int | None, int, bytes, tuple[int, dict[str, int]]]:
     """The latest snapshot (of this reducer version) plus the projected events after
     it: (state, snapshot seq or None, number of events folded, the chain's head:
-    the digest of the last event's bytes). O(K)."""
-    row = conn.execute(
-        "SELECT s.seq, s.state, e.payload FROM run_snapshots s LEFT JOIN run_events e "
-        "ON e.run_id = s.run_id AND e.seq = s.seq WHERE s.run_id = %s "
-        "AND s.reducer_version = %s ORDER BY s.seq DESC LIMIT 1",
-        (run_id, REDUCER_VERSION),
-    ).fetchone()
+    the digest of the last event's bytes, and the projector's (next offset, floors)
+    for ``offset_of`` = (group, topic, partition)). O(K), in one statement."""
+    group, topic, partition = offset_of or (None, None, None)
+    rows = conn.execute(
+        _LOAD,
+        {
+            "run": run_id,
+            "reducer": REDUCER_VERSION,
+            "chunk": CHUNK,
+            "group": group,
+            "topic": topic,
+            "partition": partition,
+        },
+    ).fetchall()
+    snapshot = next((r for r in rows if r[0] == 0), None)
+    chunks = [r[2] for r in rows if r[0] == 1]
+    events = [bytes(r[3]) for r in rows if r[0] == 2]
+    offset = next(((int(r[1]), dict(r[2])) for r in rows if r[0] == 3), (0, {}))
     state = None
     head = GENESIS
-    if row is not None and row[2] is not None:
-        head = digest(bytes(row[2]))
-    if row is not None:
+    snapshot_seq = None
+    if snapshot is not None:
         try:
-            state = from_snapshot(row[1], _chunks(conn, run_id, row[1]))
+            state = from_snapshot(snapshot[2], chunks)
+            snapshot_seq = int(snapshot[1])
+            if snapshot[3] is not None:
+                head = digest(bytes(snapshot[3]))
         except (TypeError, KeyError, ValueError) as e:
             # A snapshot is a cache of the fold: one this code cannot read (written
             # by other code under the same reducer version) is skipped, and the
             # run's projected events are folded from the start instead.
-            log.warning("run %s: unreadable snapshot at seq %s (%s)", run_id, row[0], e)
-            row = None
-    after = row[0] if row is not None else -1
-    folded = 0
-    for (payload,) in conn.execute(
-        "SELECT payload FROM run_events WHERE run_id = %s AND seq > %s ORDER BY seq",
-        (run_id, after),
-    ):
-        raw = bytes(payload)
+            log.warning(
+                "run %s: unreadable snapshot at seq %s (%s)", run_id, snapshot[1], e
+            )
+            events = [
+                bytes(r[0])
+                for r in conn.execute(
+                    "SELECT payload FROM run_events WHERE run_id = %s ORDER BY seq",
+                    (run_id,),
+                )
+            ]
+    for raw in events:
         event = decode(raw)
         if restore is not None:
             event = restore(event)
         state = fold(state if state is not None else RunState(run_id=run_id), event)
-        folded += 1
         head = digest(raw)
-    return state, (row[0] if row is not None else None), folded, head
+    return state, snapshot_seq, len(events), head, offset
 
 
 def _chunks(
@@ -132,12 +174,14 @@ class PostgresProjections:
     def load(
         self, run_id: str, partition: int, restore: Callable[[Event], Event] | None
     ) -> Projected:
-        with self._db.transaction() as conn:
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            state, snapshot_seq, folded, head = load_projected(
-                conn, self._decode, run_id, restore
+        with self._db.statement() as conn:
+            state, snapshot_seq, folded, head, (offset, floors) = load_projected(
+                conn,
+                self._decode,
+                run_id,
+                restore,
+                offset_of=(self._group, self._topic, partition),
             )
-            offset, floors = self._offset(conn, partition)
         return Projected(state, snapshot_seq, folded, offset, head, floors)
 
     def running(self, partition: int, agent: str) -> set[str]:
