@@ -37,5 +37,6 @@ up: install
 down: install
 	$(BIN)/es-agents dev down
 
+# The dev stack's data stays in its home (~/.es-agents/dev, or ES_AGENTS_DEV_HOME).
 clean: down
-	rm -rf .es-dev $(VENV)
+	rm -rf $(VENV)

@@ -19,7 +19,12 @@ _LAZY = {
     "RunState": "es_agents.core",
     "fold": "es_agents.core",
     "replay": "es_agents.core",
+    "Client": "es_agents.client",
+    "CommandResult": "es_agents.client",
+    "RunView": "es_agents.client",
     "EsAgentsError": "es_agents.errors",
+    "NotFound": "es_agents.errors",
+    "Unavailable": "es_agents.errors",
     "KafkaSettings": "es_agents.settings",
     "Settings": "es_agents.settings",
     "load_settings": "es_agents.settings",
@@ -27,13 +32,18 @@ _LAZY = {
 
 __all__ = [
     "AvroCodec",
+    "Client",
     "Command",
+    "CommandResult",
     "EsAgentsError",
     "Event",
     "KafkaSettings",
+    "NotFound",
     "RunState",
+    "RunView",
     "SchemaCatalog",
     "Settings",
+    "Unavailable",
     "__version__",
     "fold",
     "load_settings",
@@ -41,9 +51,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from es_agents.client import Client, CommandResult, RunView
     from es_agents.codec import AvroCodec, SchemaCatalog
     from es_agents.core import Command, Event, RunState, fold, replay
-    from es_agents.errors import EsAgentsError
+    from es_agents.errors import EsAgentsError, NotFound, Unavailable
     from es_agents.settings import KafkaSettings, Settings, load_settings
 
 

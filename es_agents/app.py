@@ -80,19 +80,24 @@ def build_probe(settings: Settings) -> Probe:
 
 
 def build_ports(
-    settings: Settings, *, pool_size: int = 8, migrate: bool = True
+    settings: Settings,
+    *,
+    pool_size: int = 8,
+    migrate: bool = True,
+    db_timeout: float = 30.0,
 ) -> Ports:
     """Every port the runtime needs, on the store the settings name. ``migrate``:
     bring the database's tables up to date now (workers, projectors); a client
-    does it before its first write, and reads never do."""
+    does it before its first write, and reads never do. ``db_timeout``: seconds to
+    wait for a database connection before ``Unavailable``."""
     claims = build_claim_check(settings)
     restore = claims.restore if claims is not None else None
     if settings.store == "memory":
         ports = _memory_ports(settings, restore)
     elif settings.store == "postgres":
-        ports = _postgres_ports(settings, restore, pool_size)
+        ports = _postgres_ports(settings, restore, pool_size, db_timeout)
     else:
-        ports = _kafka_ports(settings, restore, pool_size)
+        ports = _kafka_ports(settings, restore, pool_size, db_timeout)
     if migrate:
         ports.migrate()
     ports.claims = claims
@@ -100,10 +105,11 @@ def build_ports(
     return ports
 
 
-def _database(settings: Settings, pool_size: int) -> Any:
+def _database(settings: Settings, pool_size: int, timeout: float) -> Any:
     from es_agents.adapters.postgres import Database
 
-    return Database(settings.database_url.get_secret_value(), max_size=pool_size)
+    url = settings.database_url.get_secret_value()
+    return Database(url, max_size=pool_size, timeout=timeout)
 
 
 def _postgres_read_side(settings: Settings, db: Any, decode: Any) -> dict[str, Any]:
@@ -122,7 +128,9 @@ def _postgres_read_side(settings: Settings, db: Any, decode: Any) -> dict[str, A
     }
 
 
-def _kafka_ports(settings: Settings, restore: Any, pool_size: int) -> Ports:
+def _kafka_ports(
+    settings: Settings, restore: Any, pool_size: int, db_timeout: float
+) -> Ports:
     from es_agents.adapters.fencing import PartitionWriter
     from es_agents.adapters.kafka import KafkaEventLog
     from es_agents.adapters.kafka_admin import ensure_topics
@@ -132,7 +140,7 @@ def _kafka_ports(settings: Settings, restore: Any, pool_size: int) -> Ports:
     from es_agents.ownership import LogWriter
 
     kafka = settings.kafka
-    db = _database(settings, pool_size)
+    db = _database(settings, pool_size, db_timeout)
     log = KafkaEventLog(kafka, restore=restore)
     dlq = DeadLetterQueue(log, kafka.dlq_topic)
 
@@ -161,7 +169,9 @@ def _kafka_ports(settings: Settings, restore: Any, pool_size: int) -> Ports:
     )
 
 
-def _postgres_ports(settings: Settings, restore: Any, pool_size: int) -> Ports:
+def _postgres_ports(
+    settings: Settings, restore: Any, pool_size: int, db_timeout: float
+) -> Ports:
     from es_agents.adapters.postgres_log import (
         PostgresEventLog,
         PostgresPartitionWriter,
@@ -172,7 +182,7 @@ def _postgres_ports(settings: Settings, restore: Any, pool_size: int) -> Ports:
     from es_agents.ownership import LogWriter
 
     kafka = settings.kafka
-    db = _database(settings, pool_size)
+    db = _database(settings, pool_size, db_timeout)
     log = PostgresEventLog(db, kafka, restore=restore)
     dlq = DeadLetterQueue(log, kafka.dlq_topic)
     session = kafka.session_timeout_ms / 1000
@@ -311,8 +321,15 @@ def build_client(settings: Settings | None = None) -> Client:
 
 
 def build_client_ports(settings: Settings) -> Ports:
-    """A client's ports: a small pool, no probe, no migrations."""
-    ports = build_ports(settings, pool_size=2, migrate=False)
+    """A client's ports: a small pool, no probe, no migrations; the brokers and the
+    database answer within ``connect_timeout`` or ``Unavailable`` says which not."""
+    if settings.store == "kafka":
+        from es_agents.adapters.kafka_admin import reachable
+
+        reachable(settings.kafka, settings.connect_timeout)
+    ports = build_ports(
+        settings, pool_size=2, migrate=False, db_timeout=settings.connect_timeout
+    )
     ports.probe = NoProbe()
     return ports
 

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Literal
 
 from es_agents.core.commands import (
@@ -25,20 +27,17 @@ from es_agents.core.commands import (
     Reject,
     StartRun,
 )
+from es_agents.core.events import Event
 from es_agents.core.fold import fold
 from es_agents.core.state import RunState
 from es_agents.core.step import Refused, decide, start
-from es_agents.errors import EsAgentsError, PayloadUnavailable
+from es_agents.errors import NotFound, PayloadUnavailable
 from es_agents.ports import Ports, Position, Verdict
 from es_agents.resume import RunLoader
 from es_agents.settings import Settings, load_settings
 
 # A worker writes its agent's row every 5 s: older than this, nobody serves it.
 SERVED_WITHIN_SECONDS = 30.0
-
-
-class NotFound(EsAgentsError):
-    """No such run (CLI exit code 1, with the reason)."""
 
 
 @dataclass(frozen=True)
@@ -193,9 +192,7 @@ class Client:
     ) -> CommandResult:
         return self.send(Cancel(run_id=run_id, by=by, reason=reason), wait)
 
-    def send(  # noqa: PLR0911 - one return per kind of command and verdict
-        self, command: Command, wait: float = 10.0
-    ) -> CommandResult:
+    def send(self, command: Command, wait: float = 10.0) -> CommandResult:
         """Check a decision against the run as applied, send it, await the verdict."""
         if isinstance(command, StartRun):
             return self.start(
@@ -207,7 +204,7 @@ class Client:
             )
         state = self._applied_or_pending(command.run_id)
         if state is None:
-            return CommandResult(command, "refused", f"unknown run {command.run_id}")
+            raise NotFound(f"unknown run {command.run_id}")
         refusal = self._gate_refusal(state, command)
         if refusal is not None:
             return CommandResult(command, "refused", refusal)
@@ -322,10 +319,62 @@ class Client:
         raise NotFound(f"unknown run {run_id}")
 
     def runs(
-        self, status: str | None = None, limit: int = 1000
+        self,
+        status: str | None = None,
+        limit: int = 100,
+        *,
+        agent: str | None = None,
+        since: datetime | None = None,
     ) -> list[dict[str, object]]:
-        """Runs from the ``runs`` table (as of the projector), latest first."""
-        return self._ports.projections.runs(status, limit)
+        """Runs from the ``runs`` table (as of the projector), latest first: of one
+        status, of one agent, updated at or after ``since`` (each when given)."""
+        return self._ports.projections.runs(status, limit, agent=agent, since=since)
+
+    def wait(
+        self,
+        run_id: str,
+        until: Iterable[str] = ("completed", "failed", "cancelled", "paused"),
+        timeout: float = 60.0,
+    ) -> RunView:
+        """The run once its status is one of ``until`` (by default: it finished or
+        waits for someone). Raises ``TimeoutError`` with the last status seen."""
+        wanted = set(until)
+        deadline = time.monotonic() + timeout
+        pause = 0.005
+        while True:
+            try:
+                view: RunView | None = self.status(run_id)
+            except NotFound:
+                view = None  # a start not yet seen by anyone: wait for it too
+            if view is not None and view.status in wanted:
+                return view
+            if time.monotonic() > deadline:
+                seen = view.status if view is not None else "unknown"
+                raise TimeoutError(
+                    f"run {run_id} is {seen}, not {'/'.join(sorted(wanted))}, "
+                    f"after {timeout:g} s"
+                )
+            time.sleep(pause)
+            pause = min(pause * 2, 0.25)
+
+    def events(self, run_id: str) -> list[Event]:
+        """The run's events as they count (claim-checked payloads read back): the
+        projection's and the log's beyond the projector, in order. Raises
+        ``NotFound`` for a run with none."""
+        partition = self._log.partition_for(run_id)
+        projected = self._ports.projections.load(run_id, partition, None)
+        events = self._ports.projections.events(run_id)
+        after = events[-1].seq if events else -1
+        tail = self._log.read_sealed(
+            run_id,
+            from_offset=projected.projected_until,
+            restore=False,
+            floors=projected.floors,
+        )
+        events += [s.event for s in tail if s.event.seq > after]
+        if not events:
+            raise NotFound(f"unknown run {run_id}")
+        return [self._log.restore(e) for e in events]
 
     def _dead_letters(self, run_id: str) -> list[tuple[str, int, int, str]]:
         return self._ports.projections.dead_letters(run_id)

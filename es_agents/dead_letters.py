@@ -8,11 +8,54 @@ is lost and nothing stalls a partition. Works on any ``EventLog``.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from es_agents.ports import EventLog, Position, Record
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """One record of the DLQ: where it sits, its run (the key), why it is there,
+    and where it was read from."""
+
+    partition: int
+    offset: int
+    run_id: str
+    reason: str
+    origin: str  # topic[partition]@offset
+    at: str
+    size: int
+
+
+def read_dead_letters(
+    log: EventLog, topic: str, run_id: str | None = None, limit: int = 100
+) -> list[DeadLetter]:
+    """The DLQ's records (of one run when given), the latest ``limit`` of them."""
+    found: list[DeadLetter] = []
+    for partition in range(log.partition_count()):
+        if run_id is not None and partition != log.partition_for(run_id):
+            continue
+        for record in log.read_partition(topic, partition):
+            if run_id is not None and record.key != run_id:
+                continue
+            h = {k: v.decode(errors="replace") for k, v in record.headers}
+            found.append(
+                DeadLetter(
+                    partition=partition,
+                    offset=record.offset,
+                    run_id=record.key or "",
+                    reason=h.get("es.dlq.reason", ""),
+                    origin=f"{h.get('es.dlq.topic', '?')}"
+                    f"[{h.get('es.dlq.partition', '?')}]@{h.get('es.dlq.offset', '?')}",
+                    at=h.get("es.dlq.at", ""),
+                    size=len(record.value),
+                )
+            )
+    found.sort(key=lambda d: d.at)
+    return found[-limit:]
 
 
 class DeadLetterQueue:

@@ -11,6 +11,10 @@ class ConfigError(EsAgentsError):
     """The settings or the environment are wrong; fix them (CLI exit code 2)."""
 
 
+class NotFound(EsAgentsError):
+    """No such run (CLI exit code 3)."""
+
+
 class DecodeError(EsAgentsError):
     """Bytes that are not a message of ours; they go to the DLQ with this reason."""
 
@@ -33,7 +37,7 @@ class FencedError(ConflictError):
 
 class Unavailable(EsAgentsError):
     """A service did not answer in time; back off and try again (after
-    ``retry_after`` seconds when the service said)."""
+    ``retry_after`` seconds when the service said). CLI exit code 4."""
 
     def __init__(self, message: str, retry_after: float | None = None) -> None:
         super().__init__(message)

@@ -368,8 +368,20 @@ class Projections(Protocol):
 
     def dead_letters(self, run_id: str) -> list[tuple[str, int, int, str]]: ...
 
-    def runs(self, status: str | None, limit: int) -> list[dict[str, object]]:
-        """Rows of the ``runs`` table, latest first."""
+    def events(self, run_id: str) -> list[Event]:
+        """The run's projected events, in order (claim-checked payloads left
+        claimed)."""
+        ...
+
+    def runs(
+        self,
+        status: str | None,
+        limit: int,
+        agent: str | None = None,
+        since: datetime | None = None,
+    ) -> list[dict[str, object]]:
+        """Rows of the ``runs`` table, latest first: of one status, of one agent,
+        updated at or after ``since`` (each filter when given)."""
         ...
 
     def run_row(self, run_id: str) -> dict[str, object] | None:

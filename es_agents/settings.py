@@ -201,6 +201,12 @@ class Settings(BaseSettings):
         description='Per model id, USD per million tokens: JSON like {"gpt-4o": '
         '{"input": 2.5, "output": 10}} (replay and audit price model calls)',
     )
+    connect_timeout: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds a command or client waits for Kafka or Postgres to "
+        "answer before it says which one is unreachable",
+    )
     projector_group: str | None = Field(
         default=None, description="The projector's consumer group (PREFIX.projector)"
     )

@@ -236,7 +236,7 @@ class Worker:
     def _fire_timers(self) -> int:
         try:
             return fire_timers(self.ports.timers, self.log)
-        except AppendError as e:  # the log is out of reach: crash-only (exit 3)
+        except AppendError as e:  # the log is out of reach: crash-only (exit 4)
             raise Unavailable(f"cannot fire timers: {e}") from e
 
     # -- partitions ------------------------------------------------------------------

@@ -27,6 +27,20 @@ log = logging.getLogger(__name__)
 FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 
 
+def reachable(settings: KafkaSettings, timeout: float) -> None:
+    """The brokers answer a metadata request within ``timeout`` seconds, or
+    ``Unavailable`` says which ones did not."""
+    admin = AdminClient(_client({"bootstrap.servers": settings.bootstrap_servers}))
+    try:
+        admin.list_topics(timeout=timeout)
+    except KafkaException as e:
+        raise Unavailable(
+            f"Kafka at {settings.bootstrap_servers} did not answer within "
+            f"{timeout:g} s (ES_AGENTS_BOOTSTRAP_SERVERS; the dev stack starts "
+            "with `es-agents dev up`)"
+        ) from e
+
+
 def ensure_topics(
     settings: KafkaSettings, timeout: float = 30.0, fix_retention: bool = False
 ) -> dict[str, int]:

@@ -243,7 +243,16 @@ class MemoryProjections:
     def dead_letters(self, run_id: str) -> list[tuple[str, int, int, str]]:
         return []
 
-    def runs(self, status: str | None, limit: int) -> list[dict[str, object]]:
+    def events(self, run_id: str) -> list[Event]:
+        return []
+
+    def runs(
+        self,
+        status: str | None,
+        limit: int,
+        agent: str | None = None,
+        since: datetime | None = None,
+    ) -> list[dict[str, object]]:
         return []
 
     def run_row(self, run_id: str) -> dict[str, object] | None:

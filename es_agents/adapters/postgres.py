@@ -5,6 +5,7 @@ Every psycopg error becomes one of ours at this boundary, with ``raise ... from`
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -14,7 +15,7 @@ from importlib import resources
 from typing import Any, final
 
 import psycopg
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 from es_agents.errors import ConfigError, Unavailable
 from es_agents.ports import Due, EffectRecord, EffectStatus
@@ -44,36 +45,60 @@ def migrations() -> list[Migration]:
 class Database:
     """A small connection pool with errors translated at the boundary."""
 
-    def __init__(self, url: str, max_size: int = 8) -> None:
+    def __init__(self, url: str, max_size: int = 8, timeout: float = 30.0) -> None:
+        """``timeout``: seconds to wait for a connection before ``Unavailable``."""
         self.url = url
+        self.timeout = timeout
+        kwargs: dict[str, Any] = {"autocommit": False}
+        if timeout < 30:
+            kwargs["connect_timeout"] = max(2, math.ceil(timeout))  # libpq's minimum
         try:
             self.pool = ConnectionPool(
                 url,
                 min_size=1,
                 max_size=max_size,
                 open=True,
-                timeout=30,
-                kwargs={"autocommit": False},
+                timeout=timeout,
+                kwargs=kwargs,
             )
         except psycopg.Error as e:
             raise Unavailable(f"postgres at {_safe(url)}: {e}") from e
 
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
-        with _translated(), self.pool.connection() as conn, conn.transaction():
+        with self._translated(), self.pool.connection() as conn, conn.transaction():
             yield conn
 
     @contextmanager
     def statement(self) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
         """A connection for one statement outside a transaction: one round trip
         (a single statement sees one consistent snapshot by itself)."""
-        with _translated(), self.pool.connection() as conn:
+        with self._translated(), self.pool.connection() as conn:
             conn.autocommit = True
             try:
                 yield conn
             finally:
                 if not conn.closed:
                     conn.autocommit = False
+
+    @contextmanager
+    def _translated(self) -> Iterator[None]:
+        """The database's own errors, translated at the boundary."""
+        try:
+            yield
+        except PoolTimeout as e:
+            raise Unavailable(
+                f"Postgres at {_safe(self.url)} did not answer within "
+                f"{self.timeout:g} s (ES_AGENTS_DATABASE_URL; the dev stack starts "
+                "with `es-agents dev up`)"
+            ) from e
+        except psycopg.OperationalError as e:
+            raise Unavailable(f"postgres: {e}") from e
+        except psycopg.errors.UndefinedTable as e:
+            raise ConfigError(
+                f"the database has no es-agents tables ({e.diag.message_primary}): "
+                "run `es-agents migrate` (workers and projectors do it on start)"
+            ) from e
 
     def migrate(self, dry_run: bool = False) -> list[Migration]:
         """Apply the migrations not applied yet (each in its own transaction)."""
@@ -106,20 +131,6 @@ class Database:
 
 
 MIGRATION_LOCK = 0x65_73_61_67  # "esag": the advisory lock taken while migrating
-
-
-@contextmanager
-def _translated() -> Iterator[None]:
-    """Errors of the database's own translated at the boundary."""
-    try:
-        yield
-    except psycopg.OperationalError as e:
-        raise Unavailable(f"postgres: {e}") from e
-    except psycopg.errors.UndefinedTable as e:
-        raise ConfigError(
-            f"the database has no es-agents tables ({e.diag.message_primary}): "
-            "run `es-agents migrate` (workers and projectors do it on start)"
-        ) from e
 
 
 def _safe(url: str) -> str:

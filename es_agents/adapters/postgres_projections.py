@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, final
 
 import psycopg
@@ -215,6 +216,14 @@ class PostgresProjections:
             ).fetchall()
         return [(str(t), int(p), int(o), str(r)) for t, p, o, r in rows]
 
+    def events(self, run_id: str) -> list[Event]:
+        with self._db.statement() as conn:
+            rows = conn.execute(
+                "SELECT payload FROM run_events WHERE run_id = %s ORDER BY seq",
+                (run_id,),
+            ).fetchall()
+        return [self._decode(bytes(r[0])) for r in rows]
+
     def run_row(self, run_id: str) -> dict[str, object] | None:
         with self._db.transaction() as conn:
             row = conn.execute(
@@ -254,14 +263,22 @@ class PostgresProjections:
             ).fetchone()
         return None if row is None else int(row[0])
 
-    def runs(self, status: str | None, limit: int) -> list[dict[str, object]]:
+    def runs(
+        self,
+        status: str | None,
+        limit: int,
+        agent: str | None = None,
+        since: datetime | None = None,
+    ) -> list[dict[str, object]]:
         with self._db.transaction() as conn:
             cur = conn.execute(
                 "SELECT run_id, agent, status, step, last_seq + 1 AS events, "
                 "waiting_reason, waiting_gate, updated_at FROM runs "
-                "WHERE %(status)s::text IS NULL OR status = %(status)s "
+                "WHERE (%(status)s::text IS NULL OR status = %(status)s) "
+                "AND (%(agent)s::text IS NULL OR agent = %(agent)s) "
+                "AND (%(since)s::timestamptz IS NULL OR updated_at >= %(since)s) "
                 "ORDER BY updated_at DESC LIMIT %(limit)s",
-                {"status": status, "limit": limit},
+                {"status": status, "agent": agent, "since": since, "limit": limit},
             )
             names = [d.name for d in cur.description or []]
             return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]

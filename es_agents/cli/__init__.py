@@ -1,6 +1,8 @@
 """``es-agents``: the command line for people and scripts.
 
 One module per group of commands; importing them registers them on ``cli``.
+Every command ends with one of the exit codes of ``es_agents.cli.base``; an error
+is one line on stderr (text) or ``{"error": ..., "kind": ...}`` on stdout (json).
 """
 
 from __future__ import annotations
@@ -10,33 +12,53 @@ import sys
 import click
 
 from es_agents.cli import commands, dev, inspect, lab, serve
-from es_agents.cli.base import cli
-from es_agents.errors import ConfigError, EsAgentsError, Unavailable
+from es_agents.cli.base import (
+    EXIT_NOT_FOUND,
+    EXIT_REFUSED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    cli,
+    echo_json,
+    machine,
+)
+from es_agents.errors import ConfigError, EsAgentsError, NotFound, Unavailable
 
 __all__ = ["cli", "commands", "dev", "inspect", "lab", "main", "serve"]
 
 
-def main() -> None:
-    import logging  # noqa: PLC0415
+def _fail(kind: str, message: str, code: int) -> None:
+    if machine():
+        echo_json({"error": message, "kind": kind})
+    else:
+        prefix = {"unavailable": "unavailable", "not_found": "not found"}.get(
+            kind, "error"
+        )
+        click.echo(f"{prefix}: {message}", err=True)
+    sys.exit(code)
 
-    # librdkafka's own retries (coordinator loading, reconnects) are not news.
-    logging.getLogger("es_agents.librdkafka").setLevel(logging.ERROR)
+
+def main() -> None:
     try:
-        cli(standalone_mode=False)
+        code = cli(standalone_mode=False)  # --help, --version: their exit code
+        if isinstance(code, int):
+            sys.exit(code)
     except click.exceptions.Abort:
         sys.exit(130)
-    except click.ClickException as e:
+    except click.UsageError as e:
+        if machine():
+            _fail("usage", e.format_message(), EXIT_USAGE)
         e.show()
-        sys.exit(e.exit_code)
+        sys.exit(EXIT_USAGE)
+    except click.ClickException as e:
+        _fail("error", e.format_message(), e.exit_code)
     except ConfigError as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        _fail("config", str(e), EXIT_USAGE)
+    except NotFound as e:
+        _fail("not_found", str(e), EXIT_NOT_FOUND)
     except Unavailable as e:
-        click.echo(f"unavailable: {e}", err=True)
-        sys.exit(3)
+        _fail("unavailable", str(e), EXIT_UNAVAILABLE)
     except EsAgentsError as e:
-        click.echo(f"error: {type(e).__name__}: {e}", err=True)
-        sys.exit(1)
+        _fail(type(e).__name__, str(e), EXIT_REFUSED)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from es_agents.cli.base import F, cli, echo_json
+from es_agents.cli.base import EXIT_REFUSED, F, cli, emit, machine, output_option
 
 if TYPE_CHECKING:
     from es_agents.client import Client, CommandResult
@@ -39,10 +39,10 @@ def wait_options(fn: F) -> F:
     )(fn)
 
 
-def _report(result: CommandResult, as_json: bool, quiet_applied: bool = False) -> None:
+def _report(result: CommandResult, quiet_applied: bool = False) -> None:
     """Print a command's fate; exit 1 when it was refused."""
-    if as_json:
-        echo_json(
+    if machine():
+        emit(
             {
                 "command": result.command.wire_name,
                 "command_id": result.command.command_id,
@@ -55,7 +55,7 @@ def _report(result: CommandResult, as_json: bool, quiet_applied: bool = False) -
         what = f"{result.command.wire_name} {result.run_id}: {result.status}"
         click.echo(what + (f" ({result.reason})" if result.reason else ""), err=True)
     if result.status == "refused":
-        sys.exit(1)
+        sys.exit(EXIT_REFUSED)
 
 
 @cli.command("start")
@@ -69,22 +69,21 @@ def _report(result: CommandResult, as_json: bool, quiet_applied: bool = False) -
 )
 @click.option("--run-id", default=None, help="Default: a new UUID.")
 @wait_options
-@click.option("--json", "as_json", is_flag=True)
-def start_run(  # noqa: PLR0917 - click passes options positionally
+@output_option
+def start_run(
     agent: str,
     input_json: str,
     run_id: str | None,
     wait_seconds: float,
     no_wait: bool,
-    as_json: bool,
 ) -> None:
     """Start a run of AGENT; prints the run id, then what became of the start."""
     _require_json(input_json, "--input")
     with client() as c:
         result = c.start(agent, input_json, run_id, wait=0 if no_wait else wait_seconds)
-    if not as_json and result.status != "refused":
+    if not machine() and result.status != "refused":
         click.echo(result.run_id)
-    _report(result, as_json, quiet_applied=True)
+    _report(result, quiet_applied=True)
 
 
 @cli.command()
@@ -99,7 +98,7 @@ def start_run(  # noqa: PLR0917 - click passes options positionally
 @click.option("--run-id", "new_run_id", default=None, help="Default: a new UUID.")
 @click.option("--by", default=None, help="Who forks (recorded in the fork).")
 @wait_options
-@click.option("--json", "as_json", is_flag=True)
+@output_option
 def fork(  # noqa: PLR0917 - click passes options positionally
     run_id: str,
     at_seq: int,
@@ -107,7 +106,6 @@ def fork(  # noqa: PLR0917 - click passes options positionally
     by: str | None,
     wait_seconds: float,
     no_wait: bool,
-    as_json: bool,
 ) -> None:
     """A new run whose log begins with RUN's events up to --at: recorded
     completions kept (no model call re-issued), its own idempotency keys (no effect
@@ -116,9 +114,9 @@ def fork(  # noqa: PLR0917 - click passes options positionally
         result = c.fork(
             run_id, at_seq, new_run_id, by, wait=0 if no_wait else wait_seconds
         )
-    if not as_json and result.status != "refused":
+    if not machine() and result.status != "refused":
         click.echo(result.run_id)
-    _report(result, as_json, quiet_applied=True)
+    _report(result, quiet_applied=True)
 
 
 def _require_json(text: str, option: str) -> None:
@@ -128,12 +126,10 @@ def _require_json(text: str, option: str) -> None:
         raise click.BadParameter(f"not JSON: {e}", param_hint=option) from e
 
 
-def _decide(
-    command: Command, wait_seconds: float, no_wait: bool, as_json: bool
-) -> None:
+def _decide(command: Command, wait_seconds: float, no_wait: bool) -> None:
     with client() as c:
         result = c.send(command, wait=0 if no_wait else wait_seconds)
-    _report(result, as_json)
+    _report(result)
 
 
 @cli.command()
@@ -142,7 +138,7 @@ def _decide(
 @click.option("--gate", default=None, help="Approve a named gate ahead of time.")
 @click.option("--comment", default=None)
 @wait_options
-@click.option("--json", "as_json", is_flag=True)
+@output_option
 def approve(  # noqa: PLR0917 - click passes options positionally
     run_id: str,
     by: str,
@@ -150,13 +146,12 @@ def approve(  # noqa: PLR0917 - click passes options positionally
     comment: str | None,
     wait_seconds: float,
     no_wait: bool,
-    as_json: bool,
 ) -> None:
     """Approve the gate RUN waits at (or --gate, ahead of time)."""
     from es_agents.core.commands import Approve  # noqa: PLC0415
 
     command = Approve(run_id=run_id, by=by, gate=gate, comment=comment)
-    _decide(command, wait_seconds, no_wait, as_json)
+    _decide(command, wait_seconds, no_wait)
 
 
 @cli.command()
@@ -165,7 +160,7 @@ def approve(  # noqa: PLR0917 - click passes options positionally
 @click.option("--gate", default=None, help="Reject a named gate ahead of time.")
 @click.option("--reason", default=None)
 @wait_options
-@click.option("--json", "as_json", is_flag=True)
+@output_option
 def reject(  # noqa: PLR0917 - click passes options positionally
     run_id: str,
     by: str,
@@ -173,13 +168,12 @@ def reject(  # noqa: PLR0917 - click passes options positionally
     reason: str | None,
     wait_seconds: float,
     no_wait: bool,
-    as_json: bool,
 ) -> None:
     """Reject the gate RUN waits at (or --gate, ahead of time)."""
     from es_agents.core.commands import Reject  # noqa: PLC0415
 
     command = Reject(run_id=run_id, by=by, gate=gate, reason=reason)
-    _decide(command, wait_seconds, no_wait, as_json)
+    _decide(command, wait_seconds, no_wait)
 
 
 @cli.command("provide-input")
@@ -187,21 +181,20 @@ def reject(  # noqa: PLR0917 - click passes options positionally
 @click.option("--by", required=True)
 @click.option("--input", "input_json", required=True, help="JSON.")
 @wait_options
-@click.option("--json", "as_json", is_flag=True)
-def provide_input(  # noqa: PLR0917 - click passes options positionally
+@output_option
+def provide_input(
     run_id: str,
     by: str,
     input_json: str,
     wait_seconds: float,
     no_wait: bool,
-    as_json: bool,
 ) -> None:
     """Give RUN the input it waits for (or settle an uncertain effect's result)."""
     from es_agents.core.commands import ProvideInput  # noqa: PLC0415
 
     _require_json(input_json, "--input")
     command = ProvideInput(run_id=run_id, by=by, input_json=input_json)
-    _decide(command, wait_seconds, no_wait, as_json)
+    _decide(command, wait_seconds, no_wait)
 
 
 @cli.command()
@@ -209,17 +202,16 @@ def provide_input(  # noqa: PLR0917 - click passes options positionally
 @click.option("--by", required=True)
 @click.option("--reason", default=None)
 @wait_options
-@click.option("--json", "as_json", is_flag=True)
-def cancel(  # noqa: PLR0917 - click passes options positionally
+@output_option
+def cancel(
     run_id: str,
     by: str,
     reason: str | None,
     wait_seconds: float,
     no_wait: bool,
-    as_json: bool,
 ) -> None:
     """Stop RUN for good (status cancelled)."""
     from es_agents.core.commands import Cancel  # noqa: PLC0415
 
     command = Cancel(run_id=run_id, by=by, reason=reason)
-    _decide(command, wait_seconds, no_wait, as_json)
+    _decide(command, wait_seconds, no_wait)

@@ -6,7 +6,14 @@ import sys
 
 import click
 
-from es_agents.cli.base import cli, echo_json, table
+from es_agents.cli.base import (
+    EXIT_UNAVAILABLE,
+    cli,
+    emit_many,
+    machine,
+    output_option,
+    table,
+)
 
 
 @cli.group()
@@ -37,9 +44,9 @@ def dev_down() -> None:
 
 
 @dev.command("status")
-@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
-def dev_status(as_json: bool) -> None:
-    """Each service's endpoint, pid and whether it answers; exit 1 if one does not."""
+@output_option
+def dev_status() -> None:
+    """Each service's endpoint, pid and whether it answers; exit 4 if one does not."""
     from es_agents.dev import DevStack  # noqa: PLC0415
 
     statuses = DevStack().status()
@@ -52,17 +59,17 @@ def dev_status(as_json: bool) -> None:
         }
         for s in statuses
     ]
-    if as_json:
-        for s in statuses:
-            echo_json(
-                {
-                    "service": s.name,
-                    "endpoint": s.endpoint,
-                    "pid": s.pid,
-                    "answers": s.answers,
-                }
-            )
+    if machine():
+        emit_many(
+            {
+                "service": s.name,
+                "endpoint": s.endpoint,
+                "pid": s.pid,
+                "answers": s.answers,
+            }
+            for s in statuses
+        )
     else:
         table(rows, ["service", "endpoint", "pid", "answers"])
     if not all(s.answers for s in statuses):
-        sys.exit(1)
+        sys.exit(EXIT_UNAVAILABLE)

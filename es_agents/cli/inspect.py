@@ -9,8 +9,19 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from es_agents.cli.base import cli, echo_json, table
+from es_agents.cli.base import (
+    EXIT_REFUSED,
+    OUTPUT,
+    cli,
+    emit,
+    emit_many,
+    machine,
+    output_option,
+    table,
+    text,
+)
 from es_agents.cli.commands import client
+from es_agents.errors import NotFound
 
 if TYPE_CHECKING:
     from es_agents.core import RunState
@@ -18,12 +29,7 @@ if TYPE_CHECKING:
 
 @cli.command()
 @click.argument("run_id")
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help="One JSON object per event, then one with the summary.",
-)
+@output_option
 @click.option(
     "--record",
     "record_to",
@@ -32,12 +38,13 @@ if TYPE_CHECKING:
     help="Also write the run's raw events and final state to this file "
     "(a recorded history for tests/histories/).",
 )
-def replay(run_id: str, as_json: bool, record_to: str | None) -> None:
+def replay(run_id: str, record_to: str | None) -> None:
     """Read a run's events from the log, fold them with this code, print the
     timeline, and check the projection against the fold.
 
     Exit 0: the projection agrees with the log (or is behind it); 1: the first field
-    that differs is printed; 2: the log has no such run.
+    that differs is printed; 3: the log has no such run. ``-o jsonl``: one object
+    per event, then ``{"summary": ...}``; ``-o json``: ``{"events", "summary"}``.
     """
     from es_agents.app import build_client_ports  # noqa: PLC0415
     from es_agents.replay import check_run  # noqa: PLC0415
@@ -51,8 +58,7 @@ def replay(run_id: str, as_json: bool, record_to: str | None) -> None:
     finally:
         ports.close()
     if not check.events and check.mismatch is None:
-        click.echo(f"unknown run {run_id}: the log has no events for it", err=True)
-        sys.exit(2)
+        raise NotFound(f"unknown run {run_id}: the log has no events for it")
     state = check.state
     summary = {
         "run_id": run_id,
@@ -64,10 +70,10 @@ def replay(run_id: str, as_json: bool, record_to: str | None) -> None:
         "notes": check.notes,
         "chain": {"intact": not check.chain, "breaks": check.chain, "head": check.head},
     }
-    if as_json:
-        for entry in check.timeline:
-            echo_json(entry)
-        echo_json({"summary": summary})
+    if OUTPUT.format == "jsonl":
+        emit_many([*check.timeline, {"summary": summary}])
+    elif machine():
+        emit({"events": check.timeline, "summary": summary})
     else:
         for entry in check.timeline:
             click.echo(_timeline_line(entry))
@@ -91,7 +97,7 @@ def replay(run_id: str, as_json: bool, record_to: str | None) -> None:
     if record_to is not None and state is not None:
         _record(run_id, check.events, state, record_to)
     if not check.consistent:
-        sys.exit(1)
+        sys.exit(EXIT_REFUSED)
 
 
 @cli.command()
@@ -102,7 +108,7 @@ def replay(run_id: str, as_json: bool, record_to: str | None) -> None:
     help="Only runs with events at or after this UTC time (runs fold whole).",
 )
 @click.option("--run-prefix", default="", help="Only runs whose id starts so.")
-@click.option("--json", "as_json", is_flag=True, help="The report as one JSON object.")
+@output_option
 @click.option(
     "--report",
     "report_to",
@@ -119,7 +125,6 @@ def replay(run_id: str, as_json: bool, record_to: str | None) -> None:
 def audit(
     since: datetime | None,
     run_prefix: str,
-    as_json: bool,
     report_to: str | None,
     bare: bool,
 ) -> None:
@@ -165,12 +170,12 @@ def audit(
         )
     if report_to is not None:
         Path(report_to).write_text(json.dumps(report, indent=1, default=str) + "\n")
-    if as_json:
-        echo_json(report)
+    if machine():
+        emit(report)
     else:
         _print_audit(report)
     if report["problem_count"]:
-        sys.exit(1)
+        sys.exit(EXIT_REFUSED)
 
 
 def _print_audit(report: dict[str, Any]) -> None:
@@ -273,12 +278,33 @@ def _summary(state: RunState) -> dict[str, object]:
     }
 
 
+def _awaiting(state: RunState) -> dict[str, object] | None:
+    """What a paused run waits on, as its interrupt described it: at a tool's
+    gate, the pending call's tool and arguments (what an approval approves)."""
+    import contextlib  # noqa: PLC0415
+    import json  # noqa: PLC0415
+
+    waiting = state.waiting
+    if waiting is None:
+        return None
+    try:
+        detail = json.loads(waiting.detail_json or "null")
+    except ValueError:
+        detail = waiting.detail_json
+    if isinstance(detail, dict) and isinstance(detail.get("args_json"), str):
+        with contextlib.suppress(ValueError):  # else shown as it was recorded
+            detail["args"] = json.loads(str(detail["args_json"]))
+            del detail["args_json"]
+    return detail if isinstance(detail, dict) and detail else None
+
+
 @cli.command()
 @click.argument("run_id")
-@click.option("--json", "as_json", is_flag=True)
-def status(run_id: str, as_json: bool) -> None:
-    """A run's status, step, what it waits for, its versions, and the commands
-    refused for it. A run whose start waits for a worker is ``pending``.
+@output_option
+def status(run_id: str) -> None:
+    """A run's status, step, what it waits for (at a gate: the pending call's tool
+    and arguments), its versions, and the commands refused for it. A run whose
+    start waits for a worker is ``pending``. Exit 3 when there is no such run.
 
     Read like a worker resumes it: the latest snapshot in Postgres, the projected
     events after it, and the log beyond the projector's offset.
@@ -290,6 +316,8 @@ def status(run_id: str, as_json: bool) -> None:
         if view.state is not None
         else {"run_id": run_id, "agent": view.agent, "status": view.status}
     )
+    if view.state is not None:
+        summary["awaiting"] = _awaiting(view.state)
     if view.refused:
         summary["refused_commands"] = [
             {"command": v.type, "command_id": v.command_id, "reason": v.reason}
@@ -304,12 +332,12 @@ def status(run_id: str, as_json: bool) -> None:
         summary["loaded_from"] = view.loaded_from
     if view.payload_problem:
         summary["payload_problem"] = view.payload_problem
-    if as_json:
-        echo_json(summary)
+    if machine():
+        emit(summary)
         return
     for key, value in summary.items():
         if value not in (None, "", {}, []):
-            click.echo(f"{key:>16}: {value}")
+            click.echo(f"{key:>16}: {text(value)}")
 
 
 @cli.command()
@@ -320,18 +348,66 @@ def status(run_id: str, as_json: bool) -> None:
         ["running", "paused", "blocked", "completed", "failed", "cancelled"]
     ),
 )
-@click.option("--json", "as_json", is_flag=True)
-@click.option("--limit", type=int, default=1000, show_default=True)
-def runs(status_filter: str | None, as_json: bool, limit: int) -> None:
-    """Runs from the `runs` table (as of the projector), optionally by status."""
+@click.option("--agent", default=None, help="Only runs of this agent.")
+@click.option(
+    "--since",
+    type=click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M"]),
+    default=None,
+    help="Only runs updated at or after this UTC time.",
+)
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@output_option
+def runs(
+    status_filter: str | None, agent: str | None, since: datetime | None, limit: int
+) -> None:
+    """Runs from the `runs` table (as of the projector), latest first."""
+    from datetime import UTC  # noqa: PLC0415
+
     with client() as c:
-        rows = c.runs(status_filter, limit)
-    if as_json:
-        for row in rows:
-            echo_json(row)
+        rows = c.runs(
+            status_filter,
+            limit,
+            agent=agent,
+            since=since.replace(tzinfo=UTC) if since else None,
+        )
+    if machine():
+        emit_many(rows)
         return
     names = list(rows[0]) if rows else ["run_id", "agent", "status"]
     table(rows, names)
+
+
+@cli.group()
+def dlq() -> None:
+    """The dead-letter topic: records that could not be decoded or applied."""
+
+
+@dlq.command("list")
+@click.option("--run", "run_id", default=None, help="Only this run's records.")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@output_option
+def dlq_list(run_id: str | None, limit: int) -> None:
+    """The DLQ's records with their reasons and where each was read, oldest
+    first (the latest --limit)."""
+    from dataclasses import asdict  # noqa: PLC0415
+
+    from es_agents.app import build_client_ports  # noqa: PLC0415
+    from es_agents.dead_letters import read_dead_letters  # noqa: PLC0415
+    from es_agents.settings import load_settings  # noqa: PLC0415
+
+    settings = load_settings()
+    ports = build_client_ports(settings)
+    try:
+        letters = read_dead_letters(
+            ports.log, settings.kafka.dlq_topic, run_id=run_id, limit=limit
+        )
+    finally:
+        ports.close()
+    rows = [asdict(letter) for letter in letters]
+    if machine():
+        emit_many(rows)
+        return
+    table(rows, ["at", "run_id", "origin", "reason"])
 
 
 @cli.group()
@@ -347,6 +423,7 @@ def schemas() -> None:
     default=None,
     help="Default: the schemas/ of this installation.",
 )
+@output_option
 def schemas_check(directory: str | None) -> None:
     """Fail when a schema cannot read what an earlier version of it wrote."""
     from pathlib import Path  # noqa: PLC0415
@@ -355,8 +432,13 @@ def schemas_check(directory: str | None) -> None:
     from es_agents.schema_check import check  # noqa: PLC0415
 
     problems = check(Path(directory) if directory else SCHEMAS_DIR)
+    if machine():
+        emit({"compatible": not problems, "problems": problems})
+        if problems:
+            sys.exit(EXIT_REFUSED)
+        return
     for problem in problems:
         click.echo(f"incompatible: {problem}", err=True)
     if problems:
-        sys.exit(1)
+        sys.exit(EXIT_REFUSED)
     click.echo("schemas: every version reads its earlier versions")

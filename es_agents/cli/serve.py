@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from es_agents.cli.base import cli
+from es_agents.cli.base import cli, emit, emit_many, machine, output_option
 
 
 @cli.command()
@@ -23,6 +23,7 @@ from es_agents.cli.base import cli
     help="Make existing topics keep every record (retention.ms=-1, "
     "retention.bytes=-1) instead of refusing them.",
 )
+@output_option
 def topics(partitions: int | None, fix_retention: bool) -> None:
     """Create the commands, events and DLQ topics (idempotent) and check them:
     retention forever, commands and events with the same partition count. On the
@@ -33,6 +34,12 @@ def topics(partitions: int | None, fix_retention: bool) -> None:
     overrides = {} if partitions is None else {"partitions": partitions}
     settings = load_settings(**overrides)
     counts = ensure_topics(settings, fix_retention=fix_retention)
+    if machine():
+        emit_many(
+            {"topic": topic, "partitions": count, "retention": "forever"}
+            for topic, count in counts.items()
+        )
+        return
     for topic, count in counts.items():
         click.echo(f"{topic}: {count} partitions, retention forever")
 
@@ -161,12 +168,26 @@ def projector(
 @click.option(
     "--print", "print_only", is_flag=True, help="Show the SQL, apply nothing."
 )
+@output_option
 def migrate(print_only: bool) -> None:
     """Apply the SQL migrations in projectors/sql to ES_AGENTS_DATABASE_URL."""
     from es_agents.app import migrate as apply  # noqa: PLC0415
     from es_agents.settings import load_settings  # noqa: PLC0415
 
     todo = apply(load_settings(), dry_run=print_only)
+    if machine():
+        emit(
+            {
+                "applied": [] if print_only else [m.version for m in todo],
+                "pending": [m.version for m in todo] if print_only else [],
+                "migrations": [
+                    {"version": m.version, "name": m.name}
+                    | ({"sql": m.sql} if print_only else {})
+                    for m in todo
+                ],
+            }
+        )
+        return
     for migration in todo:
         if print_only:
             click.echo(

@@ -1,4 +1,8 @@
-"""Where the local stack lives and which ports it listens on (``ES_AGENTS_DEV_*``)."""
+"""Where the local stack lives and which ports it listens on (``ES_AGENTS_DEV_*``).
+
+The stack has one home whatever the current directory: ``ES_AGENTS_DEV_HOME``, else
+``~/.es-agents/dev``; ``dev up``, ``dev status`` and ``dev down`` find it from
+anywhere."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ S3PROXY_VERSION = "4.0.0"
 class DevSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ES_AGENTS_DEV_", extra="ignore")
 
-    home: Path = Field(default_factory=lambda: Path.cwd() / ".es-dev")
+    home: Path = Field(default_factory=lambda: Path.home() / ".es-agents" / "dev")
     host: str = "127.0.0.1"
     kafka_port: int = 19092
     kafka_controller_port: int = 19093

@@ -86,10 +86,10 @@ def test_every_command_gets_its_verdict(env: dict[str, str]) -> None:  # noqa: P
     assert "queued" in done.stderr
     # A decision for a run that does not exist.
     done = cli(env, "approve", "run-nope", "--by", "ann")
-    assert done.returncode == 1
-    assert "unknown run run-nope" in done.stderr
+    assert done.returncode == 3  # not found
+    assert "not found: unknown run run-nope" in done.stderr
     done = cli(env, "status", "run-nope")
-    assert done.returncode == 1
+    assert done.returncode == 3
     assert "unknown run run-nope" in done.stderr
 
     with worker(env, "tests.agents:gated"):

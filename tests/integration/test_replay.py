@@ -71,7 +71,7 @@ def test_replay_tells_the_run_and_checks_the_projection(
     assert ".step: projection 99" in str(mismatch), mismatch
 
     unknown = cli(env, "replay", "no-such-run")
-    assert unknown.returncode == 2
+    assert unknown.returncode == 3  # not found
     assert "unknown run no-such-run" in unknown.stderr
 
 

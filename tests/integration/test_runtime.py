@@ -211,7 +211,7 @@ def test_approval_commands_are_validated(
     env: dict[str, str], kafka_settings: KafkaSettings
 ) -> None:
     unknown = cli(env, "approve", "no-such-run", "--by", "ann")
-    assert unknown.returncode == 1
+    assert unknown.returncode == 3  # not found
     assert "unknown run no-such-run" in unknown.stderr
 
     run_id = _start(kafka_settings, "research")
