@@ -17,7 +17,6 @@ from concurrent.futures import Future
 from typing import Any, final
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     Consumer,
     KafkaError,
     KafkaException,
@@ -398,7 +397,10 @@ class KafkaEventLog(CodedLog):
         with self._reader_lock:
             reader = self._reader_consumer()
             tp = TopicPartition(topic, partition)
-            reader.assign([TopicPartition(topic, partition, start or OFFSET_BEGINNING)])
+            # An explicit offset, even 0: OFFSET_BEGINNING costs an offset lookup
+            # that librdkafka answers ~500 ms later. Below the log's start (records
+            # deleted), the reader's auto.offset.reset=earliest applies.
+            reader.assign([TopicPartition(topic, partition, start)])
             started = time.monotonic()
             checked = started
             try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any, final
 
 from es_agents.errors import PayloadUnavailable, Unavailable
@@ -15,23 +16,35 @@ class S3BlobStore:
     def __init__(
         self, endpoint: str, bucket: str, access_key: str, secret_key: str
     ) -> None:
-        import boto3  # noqa: PLC0415 - loads only when payloads are configured
-        from botocore.config import Config  # noqa: PLC0415
-
         self.bucket = bucket
-        self._client: Any = boto3.client(
-            "s3",
-            endpoint_url=endpoint,
-            aws_access_key_id=access_key,
-            aws_secret_access_key=secret_key,
-            region_name="us-east-1",
-            config=Config(
-                s3={"addressing_style": "path"},
-                retries={"max_attempts": 5, "mode": "standard"},
-                connect_timeout=5,
-                read_timeout=60,
-            ),
-        )
+        self._config = (endpoint, access_key, secret_key)
+        self._made: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def _client(self) -> Any:
+        """boto3's client, made on first use: importing and configuring boto3 takes
+        a third of a second that a process which never touches a payload skips."""
+        with self._lock:
+            if self._made is None:
+                import boto3  # noqa: PLC0415
+                from botocore.config import Config  # noqa: PLC0415
+
+                endpoint, access_key, secret_key = self._config
+                self._made = boto3.client(
+                    "s3",
+                    endpoint_url=endpoint,
+                    aws_access_key_id=access_key,
+                    aws_secret_access_key=secret_key,
+                    region_name="us-east-1",
+                    config=Config(
+                        s3={"addressing_style": "path"},
+                        retries={"max_attempts": 5, "mode": "standard"},
+                        connect_timeout=5,
+                        read_timeout=60,
+                    ),
+                )
+            return self._made
 
     def put(self, key: str, data: bytes) -> None:
         from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
