@@ -19,6 +19,7 @@ _LAZY = {
     "RunState": "es_agents.core",
     "fold": "es_agents.core",
     "replay": "es_agents.core",
+    "AsyncClient": "es_agents.async_client",
     "Client": "es_agents.client",
     "CommandResult": "es_agents.client",
     "RunView": "es_agents.client",
@@ -31,6 +32,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "AsyncClient",
     "AvroCodec",
     "Client",
     "Command",
@@ -51,6 +53,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from es_agents.async_client import AsyncClient
     from es_agents.client import Client, CommandResult, RunView
     from es_agents.codec import AvroCodec, SchemaCatalog
     from es_agents.core import Command, Event, RunState, fold, replay

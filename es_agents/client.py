@@ -40,6 +40,39 @@ from es_agents.settings import Settings, load_settings
 SERVED_WITHIN_SECONDS = 30.0
 
 
+FINISHED_OR_WAITING = ("completed", "failed", "cancelled", "paused")
+
+
+@dataclass
+class Waiting:
+    """One ``wait``: whether the run got there, raising ``TimeoutError`` once past
+    the deadline, and how long to sleep until the next look (backing off)."""
+
+    run_id: str
+    wanted: frozenset[str]
+    timeout: float
+    deadline: float = 0.0
+    sleep: float = 0.005
+
+    def __post_init__(self) -> None:
+        self.deadline = time.monotonic() + self.timeout
+
+    def arrived(self, view: RunView | None) -> RunView | None:
+        if view is not None and view.status in self.wanted:
+            return view
+        if time.monotonic() > self.deadline:
+            seen = view.status if view is not None else "unknown"
+            raise TimeoutError(
+                f"run {self.run_id} is {seen}, not {'/'.join(sorted(self.wanted))}, "
+                f"after {self.timeout:g} s"
+            )
+        return None
+
+    def pause(self) -> float:
+        pause, self.sleep = self.sleep, min(self.sleep * 2, 0.25)
+        return pause
+
+
 @dataclass(frozen=True)
 class CommandResult:
     """What became of a command: applied, refused (with the reason), or queued."""
@@ -333,29 +366,20 @@ class Client:
     def wait(
         self,
         run_id: str,
-        until: Iterable[str] = ("completed", "failed", "cancelled", "paused"),
+        until: Iterable[str] = FINISHED_OR_WAITING,
         timeout: float = 60.0,
     ) -> RunView:
         """The run once its status is one of ``until`` (by default: it finished or
         waits for someone). Raises ``TimeoutError`` with the last status seen."""
-        wanted = set(until)
-        deadline = time.monotonic() + timeout
-        pause = 0.005
+        waiting = Waiting(run_id, frozenset(until), timeout)
         while True:
             try:
                 view: RunView | None = self.status(run_id)
             except NotFound:
                 view = None  # a start not yet seen by anyone: wait for it too
-            if view is not None and view.status in wanted:
-                return view
-            if time.monotonic() > deadline:
-                seen = view.status if view is not None else "unknown"
-                raise TimeoutError(
-                    f"run {run_id} is {seen}, not {'/'.join(sorted(wanted))}, "
-                    f"after {timeout:g} s"
-                )
-            time.sleep(pause)
-            pause = min(pause * 2, 0.25)
+            if (arrived := waiting.arrived(view)) is not None:
+                return arrived
+            time.sleep(waiting.pause())
 
     def events(self, run_id: str) -> list[Event]:
         """The run's events as they count (claim-checked payloads read back): the

@@ -7,6 +7,7 @@ ISO-8601 UTC, and the exit code says what happened: 0 ok, 1 refused or mismatch,
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from es_agents.async_client import AsyncClient
 from es_agents.client import Client
 from es_agents.core.events import RunStarted
 from es_agents.errors import NotFound
@@ -197,3 +199,28 @@ def test_the_client_waits_lists_and_reads_events(
         assert run not in [r["run_id"] for r in failed]
         since = datetime.now(UTC) + timedelta(hours=1)
         assert client.runs(agent="quick", since=since) == []
+
+
+def test_the_async_client_does_the_same_from_an_event_loop(
+    env: dict[str, str], kafka_settings: KafkaSettings, database_url: str
+) -> None:
+    settings = Settings(kafka=kafka_settings, database_url=database_url)
+
+    async def scenario() -> tuple[str, str, int]:
+        async with AsyncClient(settings) as client:
+            with pytest.raises(NotFound):
+                await client.status("no-such-run")
+            started = await client.start("research", '{"topic": "async"}', wait=0)
+            paused = await client.wait(started.run_id, until=("paused",), timeout=90)
+            approved = await client.approve(started.run_id, by="ann", wait=30)
+            done = await client.wait(started.run_id, until=("completed",), timeout=90)
+            events = await client.events(started.run_id)
+            assert paused.state is not None
+            assert paused.state.waiting is not None
+            assert paused.state.waiting.gate == "create_ticket"
+            return approved.status, done.status, len(events)
+
+    with worker(env, "tests.agents:gated"):
+        approved, final, count = asyncio.run(scenario())
+    assert (approved, final) == ("applied", "completed")
+    assert count > 5

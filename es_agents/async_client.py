@@ -1,0 +1,130 @@
+"""``es_agents.AsyncClient``: the client for asyncio applications.
+
+The same checks and results as ``Client``; each call runs the blocking client in a
+worker thread (``asyncio.to_thread``), so the event loop never waits on Kafka or
+Postgres, and ``wait`` sleeps with ``asyncio.sleep`` between looks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+from datetime import datetime
+
+from es_agents.client import (
+    FINISHED_OR_WAITING,
+    Client,
+    CommandResult,
+    RunView,
+    Waiting,
+)
+from es_agents.core.events import Event
+from es_agents.errors import NotFound
+from es_agents.ports import Ports
+from es_agents.settings import Settings
+
+
+class AsyncClient:
+    def __init__(
+        self, settings: Settings | None = None, *, ports: Ports | None = None
+    ) -> None:
+        self.sync = Client(settings, ports=ports)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.sync.close)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def start(
+        self,
+        agent: str,
+        input_json: str = "{}",
+        run_id: str | None = None,
+        wait: float = 10.0,
+    ) -> CommandResult:
+        return await asyncio.to_thread(self.sync.start, agent, input_json, run_id, wait)
+
+    async def fork(
+        self,
+        origin_run: str,
+        at_seq: int,
+        run_id: str | None = None,
+        by: str | None = None,
+        wait: float = 10.0,
+    ) -> CommandResult:
+        return await asyncio.to_thread(
+            self.sync.fork, origin_run, at_seq, run_id, by, wait
+        )
+
+    async def approve(
+        self,
+        run_id: str,
+        by: str,
+        gate: str | None = None,
+        comment: str | None = None,
+        wait: float = 10.0,
+    ) -> CommandResult:
+        return await asyncio.to_thread(
+            self.sync.approve, run_id, by, gate, comment, wait
+        )
+
+    async def reject(
+        self,
+        run_id: str,
+        by: str,
+        gate: str | None = None,
+        reason: str | None = None,
+        wait: float = 10.0,
+    ) -> CommandResult:
+        return await asyncio.to_thread(self.sync.reject, run_id, by, gate, reason, wait)
+
+    async def provide_input(
+        self, run_id: str, by: str, input_json: str, wait: float = 10.0
+    ) -> CommandResult:
+        return await asyncio.to_thread(
+            self.sync.provide_input, run_id, by, input_json, wait
+        )
+
+    async def cancel(
+        self, run_id: str, by: str, reason: str | None = None, wait: float = 10.0
+    ) -> CommandResult:
+        return await asyncio.to_thread(self.sync.cancel, run_id, by, reason, wait)
+
+    async def status(self, run_id: str) -> RunView:
+        return await asyncio.to_thread(self.sync.status, run_id)
+
+    async def events(self, run_id: str) -> list[Event]:
+        return await asyncio.to_thread(self.sync.events, run_id)
+
+    async def runs(
+        self,
+        status: str | None = None,
+        limit: int = 100,
+        *,
+        agent: str | None = None,
+        since: datetime | None = None,
+    ) -> list[dict[str, object]]:
+        return await asyncio.to_thread(
+            lambda: self.sync.runs(status, limit, agent=agent, since=since)
+        )
+
+    async def wait(
+        self,
+        run_id: str,
+        until: Iterable[str] = FINISHED_OR_WAITING,
+        timeout: float = 60.0,
+    ) -> RunView:
+        """As ``Client.wait``, sleeping on the event loop between looks."""
+        waiting = Waiting(run_id, frozenset(until), timeout)
+        while True:
+            try:
+                view: RunView | None = await self.status(run_id)
+            except NotFound:
+                view = None
+            if (arrived := waiting.arrived(view)) is not None:
+                return arrived
+            await asyncio.sleep(waiting.pause())
