@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import import_module
@@ -130,10 +132,14 @@ def declared_gates(agent: Agent) -> frozenset[str] | None:
 
 
 def load_agent(spec: str) -> Agent:
-    """``module:attr`` -> the agent object (or the result of calling a factory)."""
+    """``module:attr`` -> the agent object (or the result of calling a factory).
+    Modules in the current directory are found too (as ``python -m`` would)."""
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise ConfigError(f"agent {spec!r}: expected module:attr")
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
     try:
         module = import_module(module_name)
     except ImportError as e:

@@ -120,6 +120,7 @@ def _ticket(row: tuple[Any, ...]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--port", type=int, default=18080)
+    parser.add_argument("--host", default="127.0.0.1", help="0.0.0.0 in a container")
     parser.add_argument("--database-url", required=True)
     args = parser.parse_args()
     with psycopg.connect(args.database_url, autocommit=True) as conn:
@@ -127,8 +128,8 @@ def main() -> None:
     pool: ConnectionPool[Any] = ConnectionPool(
         args.database_url, min_size=1, max_size=8, kwargs={"autocommit": True}
     )
-    server = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(pool))
-    print(f"ticket service on http://127.0.0.1:{args.port}", flush=True)
+    server = ThreadingHTTPServer((args.host, args.port), make_handler(pool))
+    print(f"ticket service on http://{args.host}:{args.port}", flush=True)
     server.serve_forever()
 
 

@@ -1,0 +1,40 @@
+"""docker-compose.yml offers the stack `es-agents dev up` runs: the same pinned
+versions and endpoints, health checks, the bucket, and the example app's services.
+(No Docker engine runs here; this checks the file against the dev stack's settings.)"""
+
+import re
+from pathlib import Path
+
+from es_agents.dev.config import KAFKA_VERSION, S3PROXY_VERSION, DevSettings
+
+COMPOSE = (Path(__file__).resolve().parents[2] / "docker-compose.yml").read_text()
+
+
+def _services() -> dict[str, str]:
+    body = COMPOSE.split("\nservices:\n", 1)[1].split("\nvolumes:\n", 1)[0]
+    parts = re.split(r"(?m)^  (?=[a-z][a-z0-9-]*:\n)", body)
+    return {p.split(":", 1)[0]: p for p in parts if p.strip()}
+
+
+def test_images_are_pinned_to_the_dev_stack_versions() -> None:
+    images = re.findall(r"image: (\S+)", COMPOSE)
+    assert f"apache/kafka:{KAFKA_VERSION}" in images
+    assert f"andrewgaul/s3proxy:s3proxy-{S3PROXY_VERSION}" in images
+    assert all(":" in i and not i.endswith(":latest") for i in images), images
+
+
+def test_the_endpoints_are_the_dev_stack_s() -> None:
+    dev = DevSettings()
+    for port in (dev.kafka_port, dev.postgres_port, dev.s3_port):
+        assert f'"127.0.0.1:{port}:' in COMPOSE, port
+    assert f"/data/{dev.s3_bucket}" in COMPOSE  # the bucket is made
+
+
+def test_services_are_checked_and_the_example_app_is_there() -> None:
+    services = _services()
+    for name in ("kafka", "postgres", "s3"):
+        assert "healthcheck:" in services[name], name
+    for name in ("worker", "projector", "ticket-service"):
+        assert 'profiles: ["app"]' in services[name], name
+    assert "es_agents.lab.research:agent" in services["worker"]
+    assert "condition: service_healthy" in services["projector"]
