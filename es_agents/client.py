@@ -18,6 +18,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
+from pydantic import ConfigDict, SerializeAsAny, SkipValidation
+from pydantic.dataclasses import dataclass as pydantic_dataclass
+
 from es_agents.core.commands import (
     Approve,
     Cancel,
@@ -73,11 +76,15 @@ class Waiting:
         return pause
 
 
-@dataclass(frozen=True)
-class CommandResult:
-    """What became of a command: applied, refused (with the reason), or queued."""
+_TYPED = ConfigDict(arbitrary_types_allowed=True)
 
-    command: Command
+
+@pydantic_dataclass(frozen=True, config=_TYPED)
+class CommandResult:
+    """What became of a command: applied, refused (with the reason), or queued.
+    A pydantic dataclass: ``TypeAdapter(CommandResult).dump_json(result)``."""
+
+    command: SerializeAsAny[Command]
     status: Literal["applied", "refused", "queued"]
     reason: str | None = None
     position: Position | None = None
@@ -87,15 +94,16 @@ class CommandResult:
         return self.command.run_id
 
 
-@dataclass(frozen=True)
+@pydantic_dataclass(frozen=True, config=_TYPED)
 class RunView:
-    """A run as a client sees it: its folded state, or a start still pending."""
+    """A run as a client sees it: its folded state (as the fold made it, not
+    revalidated), or a start still pending."""
 
     run_id: str
     status: str
     agent: str
-    state: RunState | None
-    refused: list[Verdict] = field(default_factory=list)
+    state: SkipValidation[RunState | None]
+    refused: SkipValidation[list[Verdict]] = field(default_factory=list)
     dead_letters: list[tuple[str, int, int, str]] = field(default_factory=list)
     loaded_from: dict[str, int | None] = field(default_factory=dict)
     payload_problem: str | None = None  # a claim-checked payload that did not load
