@@ -9,6 +9,7 @@ import click
 from es_agents.cli.base import (
     EXIT_UNAVAILABLE,
     cli,
+    emit,
     emit_many,
     machine,
     output_option,
@@ -22,12 +23,23 @@ def dev() -> None:
 
 
 @dev.command("up")
+@output_option
 def dev_up() -> None:
     """Install what is missing and start what is not running (idempotent)."""
     from es_agents.dev import KAFKA_VERSION, DevStack  # noqa: PLC0415
 
     stack = DevStack()
-    seconds = stack.up(log=click.echo)
+    seconds = stack.up(log=lambda line: click.echo(line, err=machine()))
+    if machine():
+        emit(
+            {
+                "seconds": round(seconds, 2),
+                "kafka_version": KAFKA_VERSION,
+                "home": str(stack.dev.root),
+                "services": {s.name: s.endpoint for s in stack.status()},
+            }
+        )
+        return
     for status in stack.status():
         click.echo(f"  {status.name:<9} {status.endpoint}")
     click.echo(
@@ -36,11 +48,15 @@ def dev_up() -> None:
 
 
 @dev.command("down")
+@output_option
 def dev_down() -> None:
     """Stop exactly the processes `dev up` started (by pid)."""
     from es_agents.dev import DevStack  # noqa: PLC0415
 
-    DevStack().down(log=click.echo)
+    lines: list[str] = []
+    DevStack().down(log=lines.append if machine() else click.echo)
+    if machine():
+        emit({"stopped": lines})
 
 
 @dev.command("status")

@@ -51,6 +51,7 @@ def test_every_command_speaks_json(env: dict[str, str]) -> None:
         ("topics",),
         ("migrate",),
         ("schemas", "check"),
+        ("dev", "up"),  # idempotent: the stack is up
         ("dev", "status"),
     ]
     for args in admin:
