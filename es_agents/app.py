@@ -8,14 +8,17 @@ runtime receives the result as ``Ports`` and never names an adapter.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from es_agents.errors import ConfigError
 from es_agents.models import ModelClient
-from es_agents.ports import NoProbe, Ports, Probe
+from es_agents.ports import NoProbe, NoTelemetry, Ports, Probe, Telemetry
 from es_agents.settings import ModelSettings, Settings
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from es_agents.agent import Agent
@@ -284,12 +287,28 @@ def _memory_ports(settings: Settings, restore: Any) -> Ports:
     )
 
 
+def build_telemetry(settings: Settings) -> Telemetry:
+    """Prometheus metrics served over HTTP when ``ES_AGENTS_METRICS_PORT`` is set;
+    nothing otherwise."""
+    if settings.metrics_port is None:
+        return NoTelemetry()
+    from es_agents.adapters.prometheus import PrometheusTelemetry
+
+    telemetry = PrometheusTelemetry()
+    server = telemetry.serve(settings.metrics_port, settings.metrics_addr)
+    log.info(
+        "metrics on http://%s:%d/metrics", settings.metrics_addr, server.server_port
+    )
+    return telemetry
+
+
 def build_worker(settings: Settings, agent: Agent, **options: Any) -> Worker:
     """A worker for ``agent`` on the configured store (topics created if missing)."""
     from es_agents.worker import Worker
 
     ports = build_ports(settings)
     ports.ensure_topics()
+    ports.telemetry = build_telemetry(settings)
     return Worker(settings, agent, ports, **options)
 
 
@@ -310,6 +329,7 @@ def build_projector(settings: Settings, **options: Any) -> Projector:
         ports.subscribe,
         probe=ports.probe,
         closers=[ports.close],
+        telemetry=build_telemetry(settings),
         **options,
     )
 

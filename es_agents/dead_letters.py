@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from es_agents.ports import EventLog, Position, Record
+from es_agents.ports import EventLog, NoTelemetry, Position, Record, Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +59,12 @@ def read_dead_letters(
 
 
 class DeadLetterQueue:
-    def __init__(self, log: EventLog, topic: str) -> None:
+    def __init__(
+        self, log: EventLog, topic: str, telemetry: Telemetry | None = None
+    ) -> None:
         self.topic = topic
         self._log = log
+        self._telemetry = telemetry if telemetry is not None else NoTelemetry()
 
     def send(self, record: Record, reason: str) -> Position:
         return self.send_command(
@@ -83,6 +86,7 @@ class DeadLetterQueue:
             ("es.dlq.at", datetime.now(UTC).isoformat().encode()),
         )
         position = self._log.produce(self.topic, key, value, headers)
+        self._telemetry.dead_letter(origin.topic)
         log.warning(
             "dead-lettered %s[%d]@%d to %s@%d: %s",
             origin.topic,

@@ -174,6 +174,7 @@ def reconcile(loop: RunLoop, state: RunState, pending: PendingToolCall) -> None:
             error=error,
             reconciled=True,
         )
+        loop.ctx.telemetry.reconciled(loop.agent.name)
 
 
 def _reconciled_outcome(  # noqa: PLR0911 - one return per way of knowing

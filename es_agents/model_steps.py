@@ -8,6 +8,7 @@ call the model saw is in the log. Only the model's own failures are retried.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING
 
 from es_agents.core.events import ModelCallRequested, ModelResponded
@@ -53,7 +54,7 @@ def call_model(loop: RunLoop, state: RunState, step: CallModel, attempt: int) ->
             number = attempt + tried.retry_state.attempt_number - 1
             _request(loop, state, step, model.model_id, number)
             with tried:
-                completion = _complete(loop, model, step)
+                completion = _timed(loop, model, step)
     except _ModelUnavailable as e:
         raise RunError(
             "model_unavailable", f"{e} (gave up after {MODEL_TRIES} tries)"
@@ -84,6 +85,20 @@ def _request(
         attempt=attempt,
     )
     loop.flush()  # write-ahead: the intention (and the last outcome) are durable
+
+
+def _timed(loop: RunLoop, model: ModelClient, step: CallModel) -> Completion:
+    """``_complete``, its latency and outcome reported to the telemetry."""
+    started = time.perf_counter()
+    ok = False
+    try:
+        completion = _complete(loop, model, step)
+        ok = True
+        return completion
+    finally:
+        loop.ctx.telemetry.model_call(
+            loop.agent.name, model.model_id, time.perf_counter() - started, ok
+        )
 
 
 def _complete(loop: RunLoop, model: ModelClient, step: CallModel) -> Completion:

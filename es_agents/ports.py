@@ -423,6 +423,58 @@ class NoProbe:
         pass
 
 
+class Telemetry(Protocol):
+    """What workers and the projector report as metrics; nothing by default.
+    Kinds of step: model, tool, patch, interrupt, finish, fail, reconcile."""
+
+    def step(self, agent: str, kind: str, seconds: float) -> None: ...
+
+    def append(self, agent: str, seconds: float) -> None: ...
+
+    def model_call(self, agent: str, model: str, seconds: float, ok: bool) -> None: ...
+
+    def fenced(self, agent: str) -> None: ...
+
+    def reconciled(self, agent: str) -> None: ...
+
+    def dead_letter(self, topic: str) -> None: ...
+
+    def projected(self, types: Sequence[str], lag_seconds: float) -> None: ...
+
+    def approval_waited(self, agent: str, seconds: float) -> None: ...
+
+    def runs_by_status(self, counts: Mapping[str, int]) -> None: ...
+
+
+class NoTelemetry:
+    def step(self, agent: str, kind: str, seconds: float) -> None:
+        pass
+
+    def append(self, agent: str, seconds: float) -> None:
+        pass
+
+    def model_call(self, agent: str, model: str, seconds: float, ok: bool) -> None:
+        pass
+
+    def fenced(self, agent: str) -> None:
+        pass
+
+    def reconciled(self, agent: str) -> None:
+        pass
+
+    def dead_letter(self, topic: str) -> None:
+        pass
+
+    def projected(self, types: Sequence[str], lag_seconds: float) -> None:
+        pass
+
+    def approval_waited(self, agent: str, seconds: float) -> None:
+        pass
+
+    def runs_by_status(self, counts: Mapping[str, int]) -> None:
+        pass
+
+
 class BlobStore(Protocol):
     """Content-addressed bytes for payloads too large for an event (claim check)."""
 
@@ -456,6 +508,7 @@ class Ports:
     migrate: Callable[[], object] = lambda: None
     claims: ClaimCheck | None = None
     probe: Probe = field(default_factory=NoProbe)
+    telemetry: Telemetry = field(default_factory=NoTelemetry)
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:

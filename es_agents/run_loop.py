@@ -71,9 +71,11 @@ from es_agents.ports import (
     Decided,
     EffectLedger,
     EventLog,
+    NoTelemetry,
     PartitionWriter,
     Position,
     Probe,
+    Telemetry,
     Timers,
 )
 from es_agents.resume import RunLoader
@@ -126,6 +128,7 @@ class RunContext:
     start_agent: Callable[[str], str | None]
     lock: threading.Lock = field(default_factory=threading.Lock)
     append_ms: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
+    telemetry: Telemetry = field(default_factory=NoTelemetry)
 
 
 class Inbox(Protocol):
@@ -191,7 +194,9 @@ class RunLoop:
                 self.state = None  # not durable: forget what we folded
                 raise
             self.head = sealed[-1].digest
-            ctx.append_ms.append((time.perf_counter() - started) * 1000)
+            took = time.perf_counter() - started
+            ctx.append_ms.append(took * 1000)
+            ctx.telemetry.append(self.agent.name, took)
             ctx.probe.acked(batch)
             for event in batch:
                 ctx.probe.hit(f"after_append:{event.wire_name}")
@@ -349,11 +354,17 @@ class RunLoop:
             )
 
     def advance(self, state: RunState) -> None:
+        started = time.perf_counter()
+        kind = self._advance(state)
+        self.ctx.telemetry.step(self.agent.name, kind, time.perf_counter() - started)
+
+    def _advance(self, state: RunState) -> str:  # noqa: PLR0911 - one per kind
+        """Take one step; returns its kind (for metrics)."""
         pending = state.pending
         if isinstance(pending, PendingToolCall):
             self.flush()  # reconciling may call the tool: what led here is durable
             effects.reconcile(self, state, pending)
-            return
+            return "reconcile"
         step = self._plan(state)
         if isinstance(pending, PendingModelCall):
             if not isinstance(step, CallModel):
@@ -362,20 +373,26 @@ class RunLoop:
                     f"the planner asked for {type(step).__name__}"
                 )
             model_steps.call_model(self, state, step, attempt=pending.attempt + 1)
-        elif isinstance(step, CallModel):
+            return "model"
+        if isinstance(step, CallModel):
             model_steps.call_model(self, state, step, attempt=1)
-        elif isinstance(step, CallTool):
+            return "model"
+        if isinstance(step, CallTool):
             effects.call_tool(self, state, step)
-        elif isinstance(step, PatchState):
+            return "tool"
+        if isinstance(step, PatchState):
             self.add(StatePatched, key=step.key, value_json=canonical_json(step.value))
-        elif isinstance(step, Interrupt):
+            return "patch"
+        if isinstance(step, Interrupt):
             self.interrupt(state, step)
-        elif isinstance(step, Finish):
+            return "interrupt"
+        if isinstance(step, Finish):
             self.add(RunCompleted, output_json=canonical_json(step.output))
             self.flush()
-        elif isinstance(step, Fail):
-            self.add(RunFailed, error=step.error, kind=step.kind)
-            self.flush()
+            return "finish"
+        self.add(RunFailed, error=step.error, kind=step.kind)  # Fail
+        self.flush()
+        return "fail"
 
     def _plan(self, state: RunState) -> Any:
         """The planner's next step; whatever it raises ends this run alone."""

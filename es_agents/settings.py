@@ -201,6 +201,14 @@ class Settings(BaseSettings):
         description='Per model id, USD per million tokens: JSON like {"gpt-4o": '
         '{"input": 2.5, "output": 10}} (replay and audit price model calls)',
     )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=0,
+        le=65535,
+        description="Workers and the projector serve Prometheus metrics on "
+        "ES_AGENTS_METRICS_ADDR:PORT/metrics (0: any free port, logged)",
+    )
+    metrics_addr: str = "127.0.0.1"
     connect_timeout: float = Field(
         default=5.0,
         gt=0,

@@ -85,7 +85,7 @@ class Worker:
         self.idle_seconds = idle_seconds
         kafka = settings.kafka
         self.log = ports.log
-        self.dlq = DeadLetterQueue(ports.log, kafka.dlq_topic)
+        self.dlq = DeadLetterQueue(ports.log, kafka.dlq_topic, ports.telemetry)
         self.gates = declared_gates(agent)
         self._worker_id = uuid.uuid4().hex
         self._group = group_id or f"{kafka.topic_prefix}.workers.{agent.name}"
@@ -125,6 +125,7 @@ class Worker:
             done=self.tracker.done,
             start_agent=self.start_agent,
             lock=self._lock,
+            telemetry=ports.telemetry,
         )
         # Milliseconds per acknowledged append (one per step), for benchmarks.
         self.append_ms = self.ctx.append_ms
@@ -353,6 +354,7 @@ class Worker:
                 # Another worker owns the partition now: stop writing, keep serving
                 # the rest. Its commands were not committed; the owner gets them.
                 log.warning("run %s: %s", actor.run_id, e)
+                self.ports.telemetry.fenced(self.agent.name)
                 self.forget(actor)
                 return
             except (Unavailable, AppendError):

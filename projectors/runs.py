@@ -31,7 +31,13 @@ from es_agents.adapters.postgres import Database
 from es_agents.adapters.postgres_projections import load_projected
 from es_agents.core.chain import digest
 from es_agents.core.epochs import EPOCH_HEADER, EpochFence
-from es_agents.core.events import Event, Interrupted, RunCompleted, RunFailed
+from es_agents.core.events import (
+    Event,
+    Interrupted,
+    Resumed,
+    RunCompleted,
+    RunFailed,
+)
 from es_agents.core.fold import fold
 from es_agents.core.run_row import RUN_COLUMNS, run_row
 from es_agents.core.snapshot import (
@@ -43,7 +49,15 @@ from es_agents.core.snapshot import (
 from es_agents.core.state import RunState
 from es_agents.dead_letters import DeadLetterQueue
 from es_agents.errors import DecodeError, FoldError, PayloadUnavailable
-from es_agents.ports import EventLog, Probe, Received, Record, Subscribe
+from es_agents.ports import (
+    EventLog,
+    NoTelemetry,
+    Probe,
+    Received,
+    Record,
+    Subscribe,
+    Telemetry,
+)
 from es_agents.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -61,6 +75,7 @@ class Batch:
     offsets: dict[int, int] = field(default_factory=dict)
     floors: dict[int, dict[str, int]] = field(default_factory=dict)
     dead: list[tuple[Any, ...]] = field(default_factory=list)
+    waits: list[tuple[str, float]] = field(default_factory=list)  # agent, seconds
 
 
 def load_state(
@@ -86,8 +101,11 @@ class Projector:
         batch_size: int = 2000,
         cache_size: int = 10_000,
         instance_id: str | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
+        self.telemetry = telemetry if telemetry is not None else NoTelemetry()
+        self._counted_at = 0.0  # when runs by status were last counted
         self.k = settings.snapshot_every
         self.group_id = settings.projector_group_id
         self.topic = settings.kafka.events_topic
@@ -97,7 +115,7 @@ class Projector:
         self._closers = list(closers)
         self.db = db
         self.db.migrate()
-        self.dlq = DeadLetterQueue(log, settings.kafka.dlq_topic)
+        self.dlq = DeadLetterQueue(log, settings.kafka.dlq_topic, self.telemetry)
         self._cache: OrderedDict[str, RunState] = OrderedDict()
         # Per run: how many transcript messages its stored chunks hold (as far as
         # this projector knows; read from the table on a miss).
@@ -165,6 +183,7 @@ class Projector:
                 if received:
                     last_message = time.monotonic()
                     self.apply([_record(r, self.topic) for r in received])
+                self._count_runs()
                 if (
                     until_caught_up
                     and self.source.caught_up()
@@ -198,6 +217,29 @@ class Projector:
         self.projected += len(batch.events)
         now = datetime.now(UTC)
         self.lags_ms.extend((now - e[5]).total_seconds() * 1000 for e in batch.events)
+        self._report(batch, now)
+
+    def _report(self, batch: Batch, now: datetime) -> None:
+        """Metrics of a committed batch."""
+        if isinstance(self.telemetry, NoTelemetry):
+            return
+        lag = (now - batch.events[-1][5]).total_seconds() if batch.events else 0.0
+        self.telemetry.projected([e[3] for e in batch.events], lag)
+        for agent, seconds in batch.waits:
+            self.telemetry.approval_waited(agent, seconds)
+
+    def _count_runs(self) -> None:
+        """Runs by status for the metrics, at most every 5 s."""
+        if isinstance(self.telemetry, NoTelemetry):
+            return
+        if time.monotonic() - self._counted_at < 5:
+            return
+        self._counted_at = time.monotonic()
+        with self.db.transaction() as conn:
+            rows = conn.execute(
+                "SELECT status, count(*) FROM runs GROUP BY status"
+            ).fetchall()
+        self.telemetry.runs_by_status({str(s): int(n) for s, n in rows})
 
     def _build(self, conn: psycopg.Connection[Any], msgs: list[Record]) -> Batch:
         batch = Batch()
@@ -250,6 +292,14 @@ class Projector:
         if state is not None and event.seq <= state.seq:
             return  # a duplicate of a projected event
         event = self._restore(event)
+        if (
+            isinstance(event, Resumed)
+            and event.by is not None  # a person's decision: the wait since the pause
+            and state is not None
+            and state.updated_at is not None
+        ):
+            wait = (event.at - state.updated_at).total_seconds()
+            batch.waits.append((state.agent, max(wait, 0.0)))
         try:
             state = fold(
                 state if state is not None else RunState(run_id=event.run_id), event

@@ -66,6 +66,12 @@ def topics(partitions: int | None, fix_retention: bool) -> None:
     show_default=True,
     help="Runs that can take steps at the same time.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port (ES_AGENTS_METRICS_PORT).",
+)
 def worker(  # noqa: PLR0917 - click passes options positionally
     agent_spec: str,
     group: str | None,
@@ -73,6 +79,7 @@ def worker(  # noqa: PLR0917 - click passes options positionally
     until_idle: bool,
     idle: float,
     threads: int,
+    metrics_port: int | None,
 ) -> None:
     """Consume commands and drive the runs of the owned partitions."""
     import logging  # noqa: PLC0415
@@ -100,7 +107,9 @@ def worker(  # noqa: PLR0917 - click passes options positionally
     )  # `kill -USR1 PID` prints every thread's stack
     sys.path.insert(0, os.getcwd())  # agents usually live in the project, like app dirs
     agent = load_agent(agent_spec)
-    settings = load_settings()
+    settings = load_settings(
+        **({} if metrics_port is None else {"metrics_port": metrics_port})
+    )
     w = build_worker(
         settings,
         agent,
@@ -140,8 +149,18 @@ def worker(  # noqa: PLR0917 - click passes options positionally
     help="Empty the projections (runs, run_events, run_snapshots, dead_letters) "
     "and project the whole log again. Stop other projectors first.",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus metrics on this port (ES_AGENTS_METRICS_PORT).",
+)
 def projector(
-    until_caught_up: bool, batch: int, instance_id: str | None, rebuild: bool
+    until_caught_up: bool,
+    batch: int,
+    instance_id: str | None,
+    rebuild: bool,
+    metrics_port: int | None,
 ) -> None:
     """Project the events into runs, run_events and run_snapshots, exactly once."""
     import logging  # noqa: PLC0415
@@ -154,7 +173,9 @@ def projector(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     logging.getLogger("es_agents.librdkafka").setLevel(logging.ERROR)
-    settings = load_settings()
+    settings = load_settings(
+        **({} if metrics_port is None else {"metrics_port": metrics_port})
+    )
     p = build_projector(settings, batch_size=batch, instance_id=instance_id)
     if rebuild:
         p.reset()
