@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from es_agents import effects, model_steps
+from es_agents import effects, lifecycle, model_steps
 from es_agents.core.chain import Sealed, seal
 from es_agents.core.commands import (
     Approve,
@@ -198,6 +198,7 @@ class RunLoop:
             ctx.append_ms.append(took * 1000)
             ctx.telemetry.append(self.agent.name, took)
             ctx.probe.acked(batch)
+            lifecycle.acknowledged(self.agent.name, batch)
             for event in batch:
                 ctx.probe.hit(f"after_append:{event.wire_name}")
         verdicts, self.verdicts = self.verdicts, []

@@ -94,11 +94,10 @@ def worker(  # noqa: PLR0917 - click passes options positionally
 
     from es_agents.agent import load_agent  # noqa: PLC0415
     from es_agents.app import build_worker  # noqa: PLC0415
+    from es_agents.log_format import configure  # noqa: PLC0415
     from es_agents.settings import load_settings  # noqa: PLC0415
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure(logging.INFO)  # JSON lines when stderr is not a terminal
     logging.getLogger("es_agents.librdkafka").setLevel(logging.ERROR)
     import faulthandler  # noqa: PLC0415
 
@@ -167,11 +166,10 @@ def projector(
     import signal  # noqa: PLC0415
 
     from es_agents.app import build_projector  # noqa: PLC0415
+    from es_agents.log_format import configure  # noqa: PLC0415
     from es_agents.settings import load_settings  # noqa: PLC0415
 
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure(logging.INFO)  # JSON lines when stderr is not a terminal
     logging.getLogger("es_agents.librdkafka").setLevel(logging.ERROR)
     settings = load_settings(
         **({} if metrics_port is None else {"metrics_port": metrics_port})

@@ -1,14 +1,17 @@
-"""Workers and the projector serve Prometheus metrics; scraped over HTTP while the
-research agent goes through its gate."""
+"""Workers and the projector serve Prometheus metrics, scraped over HTTP while the
+research agent goes through its gate; the worker logs the run's lifecycle as JSON
+lines (its stderr is not a terminal)."""
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -26,9 +29,16 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass
+class _Served:
+    port: int
+    log: str = ""
+
+
 @contextmanager
-def _serving(env: dict[str, str], *args: str) -> Iterator[int]:
-    port = _free_port()
+def _serving(env: dict[str, str], *args: str) -> Iterator[_Served]:
+    served = _Served(_free_port())
+    port = served.port
     proc = subprocess.Popen(
         [sys.executable, "-m", "es_agents.cli", *args, "--metrics-port", str(port)],
         cwd=ROOT,
@@ -38,11 +48,11 @@ def _serving(env: dict[str, str], *args: str) -> Iterator[int]:
         text=True,
     )
     try:
-        yield port
+        yield served
     finally:
         proc.terminate()
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err[-3000:]
+        _, served.log = proc.communicate(timeout=60)
+        assert proc.returncode == 0, served.log[-3000:]
 
 
 def _scrape(port: int) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -72,11 +82,12 @@ def _answers(port: int) -> bool:
     return True
 
 
-def test_workers_and_the_projector_serve_metrics(env: dict[str, str]) -> None:
+def test_metrics_and_json_logs(env: dict[str, str]) -> None:
     with (
-        _serving(env, "worker", "--agent", "tests.agents:gated") as worker,
-        _serving(env, "projector") as projector,
+        _serving(env, "worker", "--agent", "tests.agents:gated") as served,
+        _serving(env, "projector") as projected,
     ):
+        worker, projector = served.port, projected.port
         until(lambda: _answers(worker) and _answers(projector), what="/metrics")
         run = cli(env, "start", "research", "--input", '{"topic": "m"}').stdout.strip()
         until(lambda: "paused" in cli(env, "status", run).stdout, what="the gate")
@@ -110,3 +121,18 @@ def test_workers_and_the_projector_serve_metrics(env: dict[str, str]) -> None:
         assert _value(p, "es_agents_events_projected_total", type="run_completed") >= 1
         assert _value(p, "es_agents_approval_wait_seconds_count", agent="research") == 1
         assert _value(p, "es_agents_projector_lag_seconds") >= 0
+    lines = [
+        json.loads(line) for line in served.log.splitlines() if line.startswith("{")
+    ]
+    assert all({"ts", "level", "logger", "msg"} <= set(line) for line in lines)
+    mine = [line for line in lines if line.get("run_id") == run]
+    assert all(line["agent"] == "research" for line in mine)
+    events = [line["event"] for line in mine]
+    assert events[0] == "run_started"
+    assert events[-1] == "run_completed"
+    paused = next(line for line in mine if line["event"] == "interrupted")
+    assert paused["reason"] == "awaiting_approval"
+    resumed = next(line for line in mine if line["event"] == "resumed")
+    assert resumed["by"] == "ann"
+    assert {"model_call_requested", "tool_call_requested"} <= set(events)
+    assert all(isinstance(line["step"], int) for line in mine)
