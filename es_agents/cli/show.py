@@ -1,0 +1,185 @@
+"""Looking at runs as they go: ``show RUN [--follow]`` (a run's timeline, drawn with
+rich) and ``events tail [--run RUN]`` (new events as they are appended)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from es_agents.cli.base import cli, emit, machine, output_option
+from es_agents.errors import DecodeError
+
+if TYPE_CHECKING:
+    from es_agents.core.events import Event
+    from es_agents.ports import EventLog
+
+TERMINAL = ("completed", "failed", "cancelled")
+# What each entry shows after its type, in this order, when present.
+_SHOWN = (
+    "agent", "model", "attempt", "prompt_tokens", "completion_tokens", "latency_ms",
+    "cost_usd", "tool_calls", "content", "tool", "args", "key", "side_effect",
+    "result", "error", "reconciled", "reason", "gate", "by", "detail", "output",
+    "kind", "payloads",
+)  # fmt: skip
+
+
+def _what(entry: Mapping[str, object]) -> str:
+    parts = []
+    for key in _SHOWN:
+        value = entry.get(key)
+        if value in (None, "", [], False):
+            continue
+        parts.append(f"{key}={value}" if key != "content" else repr(value))
+    return "  ".join(parts)
+
+
+def _rows(entries: list[dict[str, object]]) -> Iterator[tuple[str, ...]]:
+    before: datetime | None = None
+    for entry in entries:
+        at = datetime.fromisoformat(str(entry["at"]))
+        took = "" if before is None else f"+{(at - before).total_seconds() * 1000:.1f}"
+        before = at
+        yield (
+            str(entry["seq"]),
+            str(entry["step"]),
+            at.strftime("%H:%M:%S.%f")[:-3],
+            took,
+            str(entry["type"]),
+            _what(entry),
+        )
+
+
+def _print(rows: list[tuple[str, ...]], header: bool) -> None:
+    from rich.console import Console  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    table = Table(box=None, show_header=header, pad_edge=False)
+    for name, style in (
+        ("seq", "dim"),
+        ("step", "dim"),
+        ("at (UTC)", "cyan"),
+        ("+ms", "yellow"),
+        ("event", "bold"),
+        ("what", ""),
+    ):
+        table.add_column(name, style=style, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    Console().print(table)
+
+
+@cli.command()
+@click.argument("run_id")
+@click.option("--follow", "-f", is_flag=True, help="Keep showing new events.")
+@click.option(
+    "--every", type=float, default=0.5, show_default=True, help="Seconds between looks."
+)
+@output_option
+def show(run_id: str, follow: bool, every: float) -> None:
+    """A run's timeline: each event with its time and the time since the one before
+    (step durations), model calls (model, tokens, latency, cost), tool calls (args,
+    result, key, reconciled), pauses, decisions and who took them, payload
+    references. --follow keeps it going until the run ends (Ctrl-C stops)."""
+    from es_agents.cli.commands import client  # noqa: PLC0415
+    from es_agents.replay import timeline  # noqa: PLC0415
+
+    shown = 0
+    with client() as c:
+        prices = c.settings.prices
+        while True:
+            events = c.events(run_id)
+            entries = timeline(events, prices)
+            new = entries[shown:]
+            if machine():
+                for entry in new:
+                    emit(entry)
+            elif new:
+                rows = list(_rows(entries))[shown:]
+                _print(rows, header=shown == 0)
+            shown = len(entries)
+            status = c.status(run_id).status
+            if not follow or status in TERMINAL:
+                if not machine():
+                    click.echo(f"status: {status}", err=True)
+                return
+            time.sleep(every)
+
+
+@cli.group()
+def events() -> None:
+    """The events topic as it grows."""
+
+
+@events.command("tail")
+@click.option("--run", "run_id", default=None, help="Only this run's events.")
+@click.option("--from-start", is_flag=True, help="From the topic's start, not its end.")
+@click.option("--every", type=float, default=0.2, show_default=True)
+@click.option(
+    "--max-events",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Stop after this many events.",
+)
+@output_option
+def events_tail(
+    run_id: str | None, from_start: bool, every: float, max_events: int | None
+) -> None:
+    """Print events as they are appended (of one run, or of all), one per line,
+    until Ctrl-C (or --max-events)."""
+    from es_agents.app import build_client_ports  # noqa: PLC0415
+    from es_agents.settings import load_settings  # noqa: PLC0415
+
+    settings = load_settings()
+    ports = build_client_ports(settings)
+    count = 0
+    try:
+        for event in _tail(
+            ports.log, settings.kafka.events_topic, run_id, from_start, every
+        ):
+            _line(event)
+            count += 1
+            if max_events is not None and count >= max_events:
+                return
+    except KeyboardInterrupt:
+        return
+    finally:
+        ports.close()
+
+
+def _tail(
+    log: EventLog, topic: str, run_id: str | None, from_start: bool, every: float
+) -> Iterator[Event]:
+    partitions = (
+        [log.partition_for(run_id)]
+        if run_id is not None
+        else list(range(log.partition_count()))
+    )
+    offsets = {p: 0 if from_start else log.end_offset(topic, p) for p in partitions}
+    while True:
+        for partition, start in offsets.items():
+            for record in log.read_partition(topic, partition, start):
+                offsets[partition] = record.offset + 1
+                if run_id is not None and record.key != run_id:
+                    continue
+                try:
+                    yield log.decode_event(record.value)
+                except DecodeError as e:  # the projector dead-letters it
+                    click.echo(f"{topic}[{partition}]@{record.offset}: {e}", err=True)
+        time.sleep(every)
+
+
+def _line(event: Event) -> None:
+    from es_agents.replay import timeline  # noqa: PLC0415
+
+    entry: dict[str, Any] = {"run_id": event.run_id, **timeline([event], {})[0]}
+    if machine():
+        emit(entry)
+        return
+    click.echo(
+        f"{str(entry['at'])[11:23]}  {event.run_id}  {entry['seq']:>4}  "
+        f"{entry['type']:<22} {_what(entry)}".rstrip()
+    )
