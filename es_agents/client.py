@@ -34,6 +34,7 @@ from es_agents.core.events import Event
 from es_agents.core.fold import fold
 from es_agents.core.state import RunState
 from es_agents.core.step import Refused, decide, start
+from es_agents.dead_letters import DeadLetter, read_dead_letters
 from es_agents.errors import NotFound, PayloadUnavailable
 from es_agents.ports import Ports, Position, Verdict
 from es_agents.resume import RunLoader
@@ -407,6 +408,14 @@ class Client:
         if not events:
             raise NotFound(f"unknown run {run_id}")
         return [self._log.restore(e) for e in events]
+
+    def dead_letters(
+        self, run_id: str | None = None, limit: int = 100
+    ) -> list[DeadLetter]:
+        """The dead-letter topic's records (of one run), the latest ``limit``."""
+        return read_dead_letters(
+            self._log, self.settings.kafka.dlq_topic, run_id=run_id, limit=limit
+        )
 
     def _dead_letters(self, run_id: str) -> list[tuple[str, int, int, str]]:
         return self._ports.projections.dead_letters(run_id)

@@ -17,6 +17,18 @@ if ! command -v kcat >/dev/null; then
   fi
 fi
 
+# Debian's chromium is the browser the UI test drives with Playwright (no downloaded
+# browser build).
+if ! command -v chromium >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing chromium (Debian package)"
+    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
+  else
+    echo "chromium is missing: sudo apt-get install -y chromium" >&2
+    exit 2
+  fi
+fi
+
 echo "== lint and types"
 $BIN/ruff format --check .
 $BIN/ruff check .

@@ -273,7 +273,8 @@ class PostgresProjections:
         with self._db.transaction() as conn:
             cur = conn.execute(
                 "SELECT run_id, agent, status, step, last_seq + 1 AS events, "
-                "waiting_reason, waiting_gate, updated_at FROM runs "
+                "waiting_reason, waiting_gate, model_id, prompt_tokens, "
+                "completion_tokens, updated_at FROM runs "
                 "WHERE (%(status)s::text IS NULL OR status = %(status)s) "
                 "AND (%(agent)s::text IS NULL OR agent = %(agent)s) "
                 "AND (%(since)s::timestamptz IS NULL OR updated_at >= %(since)s) "

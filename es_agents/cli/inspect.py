@@ -391,18 +391,8 @@ def dlq_list(run_id: str | None, limit: int) -> None:
     first (the latest --limit)."""
     from dataclasses import asdict  # noqa: PLC0415
 
-    from es_agents.app import build_client_ports  # noqa: PLC0415
-    from es_agents.dead_letters import read_dead_letters  # noqa: PLC0415
-    from es_agents.settings import load_settings  # noqa: PLC0415
-
-    settings = load_settings()
-    ports = build_client_ports(settings)
-    try:
-        letters = read_dead_letters(
-            ports.log, settings.kafka.dlq_topic, run_id=run_id, limit=limit
-        )
-    finally:
-        ports.close()
+    with client() as c:
+        letters = c.dead_letters(run_id, limit)
     rows = [asdict(letter) for letter in letters]
     if machine():
         emit_many(rows)
