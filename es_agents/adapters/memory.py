@@ -84,16 +84,19 @@ class MemoryEffectLedger:
 
 @final
 class MemoryTimers:
-    def __init__(self) -> None:
+    """Timers due by ``clock`` (the wall clock; tests may give a virtual one)."""
+
+    def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
         self._rows: dict[str, tuple[str, datetime, datetime | None]] = {}
         self._lock = threading.Lock()
+        self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
 
     def schedule(self, timer_id: str, run_id: str, due_at: datetime) -> None:
         with self._lock:
             self._rows[timer_id] = (run_id, due_at, None)
 
     def fire_due(self, fire: Callable[[Sequence[Due]], None], limit: int = 1000) -> int:
-        now = datetime.now(UTC)
+        now = self.clock()
         with self._lock:
             due = sorted(
                 (due_at, timer_id, run_id)
@@ -104,7 +107,7 @@ class MemoryTimers:
             fire([(timer_id, run_id, due_at) for due_at, timer_id, run_id in due])
         with self._lock:
             for due_at, timer_id, run_id in due:
-                self._rows[timer_id] = (run_id, due_at, datetime.now(UTC))
+                self._rows[timer_id] = (run_id, due_at, now)
         return len(due)
 
     def get(self, timer_id: str) -> tuple[datetime, datetime | None] | None:

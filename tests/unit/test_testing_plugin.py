@@ -1,0 +1,65 @@
+"""The pytest plugin users test their agents with: the README's example runs as a
+user's test file would (a pytest process of its own, the plugin found by its entry
+point), and the virtual clock wakes a sleeping run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from es_agents.core.state import RunState
+from es_agents.core.step import Finish, Interrupt, Step
+from es_agents.testing import AgentHarness, VirtualClock
+from tests.unit.test_readme import python_blocks
+
+
+def test_the_readme_example_passes_as_a_users_test_file(tmp_path: Path) -> None:
+    example = next(b for b in python_blocks() if b.startswith("# test_my_agent.py"))
+    (tmp_path / "test_my_agent.py").write_text(example)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "."],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "2 passed" in done.stdout
+
+
+class Napper:
+    """Sleeps an hour after starting, then finishes."""
+
+    name = "napper"
+    tools: dict[str, Any] = {}  # noqa: RUF012 - read-only
+    model = None
+
+    def plan(self, state: RunState) -> Step:
+        if state.last_resume is not None:
+            return Finish({"woke": state.last_resume.reason})
+        assert state.started_at is not None
+        return Interrupt("sleeping", wake_at=state.started_at + timedelta(hours=1))
+
+    def versions(self) -> dict[str, str | int]:
+        return {"agent_version": "napper@1"}
+
+
+def test_the_virtual_clock_wakes_a_sleeping_run(
+    es_harness: Callable[[Any], AgentHarness], virtual_clock: VirtualClock
+) -> None:
+    h = es_harness(Napper())
+    run = h.start()
+    h.run()
+    assert h.state(run).status == "paused"
+    virtual_clock.advance(59 * 60)
+    h.run()
+    assert h.state(run).status == "paused"  # not yet
+    virtual_clock.advance(2 * 60)
+    h.run()
+    assert h.state(run).status == "completed"
+    assert h.timeline(run)[-2:] == ["resumed", "run_completed"]
