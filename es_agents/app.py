@@ -15,7 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 from es_agents.errors import ConfigError
 from es_agents.models import ModelClient
-from es_agents.ports import NoProbe, NoTelemetry, Ports, Probe, Telemetry
+from es_agents.ports import (
+    NoProbe,
+    NoTelemetry,
+    NoTracer,
+    Ports,
+    Probe,
+    Telemetry,
+    Tracer,
+)
 from es_agents.settings import ModelSettings, Settings
 
 log = logging.getLogger(__name__)
@@ -302,6 +310,15 @@ def build_telemetry(settings: Settings) -> Telemetry:
     return telemetry
 
 
+def build_tracer(settings: Settings) -> Tracer:
+    """OpenTelemetry spans exported by OTLP when ``ES_AGENTS_TRACING=otlp``."""
+    if settings.tracing == "off":
+        return NoTracer()
+    from es_agents.adapters.opentelemetry import otlp_tracer
+
+    return otlp_tracer()
+
+
 def build_worker(settings: Settings, agent: Agent, **options: Any) -> Worker:
     """A worker for ``agent`` on the configured store (topics created if missing)."""
     from es_agents.worker import Worker
@@ -309,6 +326,7 @@ def build_worker(settings: Settings, agent: Agent, **options: Any) -> Worker:
     ports = build_ports(settings)
     ports.ensure_topics()
     ports.telemetry = build_telemetry(settings)
+    ports.tracer = build_tracer(settings)
     return Worker(settings, agent, ports, **options)
 
 

@@ -52,7 +52,10 @@ def call_tool(loop: RunLoop, state: RunState, step: CallTool) -> None:
         result, error = None, f"unknown tool {step.tool!r}"
     else:
         ctx = context(loop, state.run_id, number, key)
-        result, error = invoke(loop, tool, step.args, ctx)
+        with loop.ctx.tracer.tool_call(step.tool, step.call_id) as span:
+            result, error = invoke(loop, tool, step.args, ctx)
+            if error is not None:
+                span.set("error.type", "tool_error")
     loop.ctx.probe.hit("after_action:tool")
     if result is _UNCERTAIN:
         uncertain(loop, state, key, step.tool, step.call_id, why=error)

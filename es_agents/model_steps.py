@@ -92,7 +92,13 @@ def _timed(loop: RunLoop, model: ModelClient, step: CallModel) -> Completion:
     started = time.perf_counter()
     ok = False
     try:
-        completion = _complete(loop, model, step)
+        with loop.ctx.tracer.model_call(model.model_id) as span:
+            completion = _complete(loop, model, step)
+            span.set("gen_ai.response.model", completion.model_id or model.model_id)
+            span.set("gen_ai.usage.input_tokens", completion.usage.prompt_tokens)
+            span.set("gen_ai.usage.output_tokens", completion.usage.completion_tokens)
+            if completion.finish_reason:
+                span.set("gen_ai.response.finish_reasons", completion.finish_reason)
         ok = True
         return completion
     finally:

@@ -9,6 +9,7 @@ Every adapter passes the contract suite of its port (``tests/contract``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar
@@ -475,6 +476,54 @@ class NoTelemetry:
         pass
 
 
+class Span(Protocol):
+    def set(self, key: str, value: str | int | float | bool) -> None: ...
+
+
+class Tracer(Protocol):
+    """Spans of runs and steps (OpenTelemetry when configured); nothing by default.
+    Every span of a run belongs to the run's one trace, whichever process made it;
+    ``headers`` is the current span's context, written beside each event."""
+
+    def activation(self, agent: str, run_id: str) -> AbstractContextManager[Span]: ...
+
+    def step(
+        self, agent: str, run_id: str, step: int
+    ) -> AbstractContextManager[Span]: ...
+
+    def model_call(self, model: str) -> AbstractContextManager[Span]: ...
+
+    def tool_call(self, tool: str, call_id: str) -> AbstractContextManager[Span]: ...
+
+    def headers(self) -> tuple[tuple[str, bytes], ...]: ...
+
+
+class NoSpan:
+    def set(self, key: str, value: str | int | float | bool) -> None:
+        pass
+
+
+class NoTracer:
+    @contextmanager
+    def _nothing(self) -> Iterator[Span]:
+        yield NoSpan()
+
+    def activation(self, agent: str, run_id: str) -> AbstractContextManager[Span]:
+        return self._nothing()
+
+    def step(self, agent: str, run_id: str, step: int) -> AbstractContextManager[Span]:
+        return self._nothing()
+
+    def model_call(self, model: str) -> AbstractContextManager[Span]:
+        return self._nothing()
+
+    def tool_call(self, tool: str, call_id: str) -> AbstractContextManager[Span]:
+        return self._nothing()
+
+    def headers(self) -> tuple[tuple[str, bytes], ...]:
+        return ()
+
+
 class BlobStore(Protocol):
     """Content-addressed bytes for payloads too large for an event (claim check)."""
 
@@ -509,6 +558,7 @@ class Ports:
     claims: ClaimCheck | None = None
     probe: Probe = field(default_factory=NoProbe)
     telemetry: Telemetry = field(default_factory=NoTelemetry)
+    tracer: Tracer = field(default_factory=NoTracer)
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:

@@ -72,11 +72,13 @@ from es_agents.ports import (
     EffectLedger,
     EventLog,
     NoTelemetry,
+    NoTracer,
     PartitionWriter,
     Position,
     Probe,
     Telemetry,
     Timers,
+    Tracer,
 )
 from es_agents.resume import RunLoader
 
@@ -129,6 +131,7 @@ class RunContext:
     lock: threading.Lock = field(default_factory=threading.Lock)
     append_ms: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
     telemetry: Telemetry = field(default_factory=NoTelemetry)
+    tracer: Tracer = field(default_factory=NoTracer)
 
 
 class Inbox(Protocol):
@@ -212,6 +215,9 @@ class RunLoop:
         log would refuse ends the run before anything of the batch is appended;
         the events before it stay buffered for the failure record."""
         sealed = seal(self.buffer, self.ctx.log.encode, self.head)
+        trace = self.ctx.tracer.headers()  # the current span's, beside each event
+        if trace:
+            sealed = [Sealed(s.event, s.value, trace) for s in sealed]
         limit = self.ctx.max_event_bytes
         for i, record in enumerate(sealed):
             if len(record.value) > limit:
@@ -238,6 +244,12 @@ class RunLoop:
 
     # -- the loop ------------------------------------------------------------------
     def drive(self) -> None:
+        """Apply the commands and take steps until the run waits (one activation:
+        one span in the run's trace)."""
+        with self.ctx.tracer.activation(self.agent.name, self.actor.run_id):
+            self._drive()
+
+    def _drive(self) -> None:
         while True:
             self.apply_commands()
             if self.state is not None and self.state.status in ("running", "blocked"):
@@ -356,7 +368,11 @@ class RunLoop:
 
     def advance(self, state: RunState) -> None:
         started = time.perf_counter()
-        kind = self._advance(state)
+        with self.ctx.tracer.step(
+            self.agent.name, state.run_id, state.step + 1
+        ) as span:
+            kind = self._advance(state)
+            span.set("es_agents.step.kind", kind)
         self.ctx.telemetry.step(self.agent.name, kind, time.perf_counter() - started)
 
     def _advance(self, state: RunState) -> str:  # noqa: PLR0911 - one per kind

@@ -209,6 +209,11 @@ class Settings(BaseSettings):
         "ES_AGENTS_METRICS_ADDR:PORT/metrics (0: any free port, logged)",
     )
     metrics_addr: str = "127.0.0.1"
+    tracing: Literal["off", "otlp"] = Field(
+        default="off",
+        description="otlp: OpenTelemetry spans of runs and steps, exported by OTLP "
+        "over HTTP to OTEL_EXPORTER_OTLP_ENDPOINT (the standard OTEL_* variables)",
+    )
     connect_timeout: float = Field(
         default=5.0,
         gt=0,

@@ -126,6 +126,7 @@ class Worker:
             start_agent=self.start_agent,
             lock=self._lock,
             telemetry=ports.telemetry,
+            tracer=ports.tracer,
         )
         # Milliseconds per acknowledged append (one per step), for benchmarks.
         self.append_ms = self.ctx.append_ms

@@ -273,7 +273,12 @@ class KafkaEventLog(CodedLog):
     # -- writing ---------------------------------------------------------------
     def append_sealed(self, records: Sequence[Sealed]) -> list[Position]:
         topic = self.settings.events_topic
-        futures = [self.link.produce(topic, r.event.run_id, r.value) for r in records]
+        futures = [
+            self.link.produce(
+                topic, r.event.run_id, r.value, list(r.headers) if r.headers else None
+            )
+            for r in records
+        ]
         return self.link.wait(futures)
 
     def send(self, command: Command) -> Position:

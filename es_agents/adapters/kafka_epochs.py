@@ -215,7 +215,7 @@ class EpochWriter:
                 self.topic,
                 r.event.run_id,
                 r.value,
-                self._headers,
+                [*self._headers, *r.headers] if r.headers else self._headers,
                 partition=self.partition,
             )
             for r in records

@@ -38,6 +38,8 @@ class Sealed:
 
     event: Event
     value: bytes
+    # Record headers beside the bytes (trace context); not part of the digest.
+    headers: tuple[tuple[str, bytes], ...] = ()
 
     @property
     def digest(self) -> bytes:
