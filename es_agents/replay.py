@@ -252,6 +252,7 @@ def _details(  # noqa: PLR0911 - one return per event type
         return {
             "reason": event.reason,
             "gate": detail.get("gate") if isinstance(detail, dict) else None,
+            "wake_at": event.wake_at.isoformat() if event.wake_at else None,
             "detail": _short(event.detail_json),
         }
     if isinstance(event, Resumed):

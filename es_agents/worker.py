@@ -343,6 +343,15 @@ class Worker:
             self._fatal = e
             self._stop.set()
 
+    def _fenced(self, actor: RunActor, e: FencedError) -> None:
+        log.warning(
+            "run %s: %s",
+            actor.run_id,
+            e,
+            extra={"run_id": actor.run_id, "agent": self.agent.name, "event": "fenced"},
+        )
+        self.ports.telemetry.fenced(self.agent.name)
+
     def _drive(self, actor: RunActor) -> None:
         while True:
             loop: RunLoop | None = None
@@ -354,8 +363,7 @@ class Worker:
             except FencedError as e:
                 # Another worker owns the partition now: stop writing, keep serving
                 # the rest. Its commands were not committed; the owner gets them.
-                log.warning("run %s: %s", actor.run_id, e)
-                self.ports.telemetry.fenced(self.agent.name)
+                self._fenced(actor, e)
                 self.forget(actor)
                 return
             except (Unavailable, AppendError):
@@ -375,7 +383,7 @@ class Worker:
                 try:
                     containment.contain_payload(self, actor, loop, unreadable)
                 except FencedError as e:
-                    log.warning("run %s: %s", actor.run_id, e)
+                    self._fenced(actor, e)
                     self.forget(actor)
                     return
             elif failure is not None and not containment.contain(

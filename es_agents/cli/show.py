@@ -22,7 +22,8 @@ TERMINAL = ("completed", "failed", "cancelled")
 _SHOWN = (
     "agent", "model", "attempt", "prompt_tokens", "completion_tokens", "latency_ms",
     "cost_usd", "tool_calls", "content", "tool", "args", "key", "side_effect",
-    "result", "error", "reconciled", "reason", "gate", "by", "detail", "output",
+    "result", "error", "reconciled", "reason", "gate", "wake_at", "by", "detail",
+    "output",
     "kind", "payloads",
 )  # fmt: skip
 
