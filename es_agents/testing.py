@@ -8,6 +8,8 @@ Fixtures:
   topic prefix and database, dropped afterwards);
 * ``scripted_model`` -- ``scripted_model([call(...), reply(...)])``: a model that
   answers a run's n-th turn with the n-th completion;
+* ``crash_at`` -- ``crash_at(harness, "after_action:tool")``: the worker dies at
+  that protocol point (the test fails if it never gets there);
 * ``virtual_clock`` -- the in-memory harnesses' clock for timers:
   ``virtual_clock.advance(seconds)`` (on the dev stack timers use Postgres's clock).
 
@@ -146,6 +148,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="memory",
         help="es_harness on the in-memory stack (default) or the real dev stack.",
     )
+
+
+@pytest.fixture
+def crash_at() -> Callable[[AgentHarness, str], None]:
+    """``crash_at(harness, point)``: run the harness's worker until it dies at
+    ``point``; the test fails if the worker never gets there."""
+
+    def crash(harness: AgentHarness, point: str) -> None:
+        try:
+            harness.run(crash_at=point)
+        except Crashed:
+            return
+        pytest.fail(f"the worker never reached {point}")
+
+    return crash
 
 
 @pytest.fixture

@@ -11,6 +11,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from es_agents.core.state import RunState
 from es_agents.core.step import Finish, Interrupt, Step
 from es_agents.testing import AgentHarness, VirtualClock
@@ -63,3 +65,14 @@ def test_the_virtual_clock_wakes_a_sleeping_run(
     h.run()
     assert h.state(run).status == "completed"
     assert h.timeline(run)[-2:] == ["resumed", "run_completed"]
+
+
+def test_crash_at_fails_a_test_whose_worker_never_gets_there(
+    es_harness: Callable[[Any], AgentHarness],
+    crash_at: Callable[[AgentHarness, str], None],
+) -> None:
+    h = es_harness(Napper())
+    h.start()
+    crash_at(h, "before_append:interrupted")  # the napper pauses: it gets there
+    with pytest.raises(pytest.fail.Exception, match="never reached"):
+        crash_at(h, "after_action:tool")  # it has no tool
