@@ -7,7 +7,7 @@ spans under their activation; a model call is a ``chat {model}`` span
 (``gen_ai.operation.name``, ``gen_ai.request.model``, ``gen_ai.response.model``,
 ``gen_ai.usage.input_tokens`` / ``output_tokens``), a tool call an
 ``execute_tool {tool}`` span (``gen_ai.tool.name``, ``gen_ai.tool.call.id``). Each
-event is written with the W3C ``traceparent`` of the span that made it.
+event is written with the W3C ``traceparent`` of the span that wrote it.
 """
 
 from __future__ import annotations
