@@ -168,6 +168,7 @@ def _kafka_ports(
     def topics() -> dict[str, int]:
         return ensure_topics(kafka)
 
+    side = _postgres_read_side(settings, db, log.decode_event)
     return Ports(
         store="kafka",
         log=log,
@@ -175,8 +176,8 @@ def _kafka_ports(
         writer=writer,
         ensure_topics=topics,
         migrate=db.migrate,
-        closers=[db.close],
-        **_postgres_read_side(settings, db, log.decode_event),
+        closers=[side["book"].close, db.close],
+        **side,
     )
 
 
@@ -212,6 +213,7 @@ def _postgres_ports(
     def topics() -> dict[str, int]:
         return ensure_topics(db, kafka)
 
+    side = _postgres_read_side(settings, db, log.decode_event)
     return Ports(
         store="postgres",
         log=log,
@@ -219,8 +221,8 @@ def _postgres_ports(
         writer=writer,
         ensure_topics=topics,
         migrate=db.migrate,
-        closers=[db.close],
-        **_postgres_read_side(settings, db, log.decode_event),
+        closers=[side["book"].close, db.close],
+        **side,
     )
 
 

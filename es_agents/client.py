@@ -299,21 +299,15 @@ class Client:
                 f"no worker serves agent {agent!r} yet; the command waits for one",
                 position,
             )
-        deadline = time.monotonic() + wait
-        pause = 0.002
-        while True:
-            verdict = self._book.verdict(command.command_id)
-            if verdict is not None and verdict.status in ("applied", "refused"):
-                return CommandResult(command, verdict.status, verdict.reason, position)
-            if time.monotonic() > deadline:
-                return CommandResult(
-                    command,
-                    "queued",
-                    f"no verdict within {wait:g} s; the command stays queued",
-                    position,
-                )
-            time.sleep(pause)
-            pause = min(pause * 2, 0.05)
+        verdict = self._book.wait_verdict(command.command_id, wait)
+        if verdict is not None and verdict.status in ("applied", "refused"):
+            return CommandResult(command, verdict.status, verdict.reason, position)
+        return CommandResult(
+            command,
+            "queued",
+            f"no verdict within {wait:g} s; the command stays queued",
+            position,
+        )
 
     def _check_topics(self) -> None:
         if not self._topics_checked:

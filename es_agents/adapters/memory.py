@@ -122,6 +122,7 @@ class MemoryCommandBook:
         self._verdicts: dict[str, Verdict] = {}
         self._agents: dict[str, tuple[ServedAgent, float]] = {}
         self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
 
     def decided(self, verdicts: Sequence[Decided]) -> None:
         now = datetime.now(UTC)
@@ -142,6 +143,7 @@ class MemoryCommandBook:
                     old.sent_at if old is not None else None,
                     now,
                 )
+            self._changed.notify_all()
 
     def serve(  # noqa: PLR0917 - one row's columns
         self,
@@ -209,6 +211,14 @@ class MemoryCommandBook:
     def verdict(self, command_id: str) -> Verdict | None:
         with self._lock:
             return self._verdicts.get(command_id)
+
+    def wait_verdict(self, command_id: str, timeout: float) -> Verdict | None:
+        def decided() -> Verdict | None:
+            found = self._verdicts.get(command_id)
+            return found if found is not None and found.status != "sent" else None
+
+        with self._changed:
+            return self._changed.wait_for(decided, timeout)
 
     def for_run(self, run_id: str) -> list[Verdict]:
         with self._lock:

@@ -10,6 +10,8 @@ for the same command id (a redelivery after a rebalance) never overrides it.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Sequence
 from typing import final
 
@@ -27,6 +29,55 @@ def _verdict(row: tuple[object, ...]) -> Verdict:
     return Verdict(*row)  # type: ignore[arg-type]
 
 
+CHANNEL = "es_verdicts"
+
+
+class Verdicts:
+    """One connection LISTENing on ``es_verdicts`` in a daemon thread, waking the
+    threads that wait for a command id the worker just decided."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url
+        self._waiting: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(
+            target=self._listen, daemon=True, name="es-verdicts"
+        )
+        self._thread.start()
+
+    def register(self, command_id: str) -> threading.Event:
+        with self._lock:
+            return self._waiting.setdefault(command_id, threading.Event())
+
+    def unregister(self, command_id: str) -> None:
+        with self._lock:
+            self._waiting.pop(command_id, None)
+
+    def _listen(self) -> None:
+        while not self._closed.is_set():
+            try:
+                with psycopg.connect(
+                    self._url, autocommit=True, connect_timeout=5
+                ) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    while not self._closed.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            self._wake(note.payload.split(","))
+            except psycopg.Error:
+                self._closed.wait(1.0)  # waiters look every 0.25 s meanwhile
+
+    def _wake(self, ids: list[str]) -> None:
+        with self._lock:
+            for command_id in ids:
+                event = self._waiting.get(command_id)
+                if event is not None:
+                    event.set()
+
+    def close(self) -> None:
+        self._closed.set()
+
+
 @final
 class PostgresCommandBook:
     """Scoped to one topic prefix: several deployments may share a database."""
@@ -34,6 +85,8 @@ class PostgresCommandBook:
     def __init__(self, db: Database, prefix: str) -> None:
         self._db = db
         self._prefix = prefix
+        self._lock = threading.Lock()
+        self._verdicts: Verdicts | None = None
 
     # -- the worker's side -------------------------------------------------------------
     def decided(self, verdicts: Sequence[Decided]) -> None:
@@ -51,6 +104,7 @@ class PostgresCommandBook:
             )
             for v in verdicts
         ]
+        ids = [r[0] for r in rows]
         with self._db.transaction() as conn, conn.cursor() as cur:
             cur.executemany(
                 "INSERT INTO commands (command_id, prefix, run_id, type, agent, "
@@ -61,6 +115,12 @@ class PostgresCommandBook:
                 "WHERE commands.status <> 'applied'",
                 rows,
             )
+            # Wake the senders waiting for these (delivered when this commits;
+            # a payload holds at most 8,000 bytes).
+            for i in range(0, len(ids), 100):
+                cur.execute(
+                    "SELECT pg_notify(%s, %s)", (CHANNEL, ",".join(ids[i : i + 100]))
+                )
 
     def serve(  # noqa: PLR0917 - one row's columns
         self,
@@ -164,6 +224,37 @@ class PostgresCommandBook:
                 c.agent if isinstance(c, StartRun | ForkRun) else None,
             ),
         )
+
+    def wait_verdict(self, command_id: str, timeout: float) -> Verdict | None:
+        """Woken by the worker's NOTIFY (``verdicts`` below); a look every 0.25 s
+        besides, so a lost notification (a reconnect) costs at most that."""
+        deadline = time.monotonic() + timeout
+        waiting = self._listener()
+        woken = waiting.register(command_id)
+        try:
+            while True:
+                woken.clear()  # before the look: a wake-up after it is kept
+                found = self.verdict(command_id)
+                if found is not None and found.status != "sent":
+                    return found
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return None
+                woken.wait(min(left, 0.25))
+        finally:
+            waiting.unregister(command_id)
+
+    def _listener(self) -> Verdicts:
+        with self._lock:
+            if self._verdicts is None:
+                self._verdicts = Verdicts(self._db.url)
+            return self._verdicts
+
+    def close(self) -> None:
+        with self._lock:
+            if self._verdicts is not None:
+                self._verdicts.close()
+                self._verdicts = None
 
     def verdict(self, command_id: str) -> Verdict | None:
         with self._db.transaction() as conn:
