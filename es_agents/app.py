@@ -15,15 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from es_agents.errors import ConfigError
 from es_agents.models import ModelClient
-from es_agents.ports import (
-    NoProbe,
-    NoTelemetry,
-    NoTracer,
-    Ports,
-    Probe,
-    Telemetry,
-    Tracer,
-)
+from es_agents.observability import NoTelemetry, NoTracer, Telemetry, Tracer
+from es_agents.ports import NoProbe, Ports, Probe
 from es_agents.settings import ModelSettings, Settings
 
 log = logging.getLogger(__name__)

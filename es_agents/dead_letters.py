@@ -11,7 +11,8 @@ import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from es_agents.ports import EventLog, NoTelemetry, Position, Record, Telemetry
+from es_agents.observability import NoTelemetry, Telemetry
+from es_agents.ports import EventLog, Position, Record
 
 log = logging.getLogger(__name__)
 

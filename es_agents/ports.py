@@ -9,7 +9,6 @@ Every adapter passes the contract suite of its port (``tests/contract``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar
@@ -18,6 +17,7 @@ from es_agents.core.chain import Sealed
 from es_agents.core.commands import Command, ForkRun, StartRun
 from es_agents.core.events import Event
 from es_agents.core.state import RunState
+from es_agents.observability import NoTelemetry, NoTracer, Telemetry, Tracer
 
 if TYPE_CHECKING:
     from es_agents.payloads import ClaimCheck
@@ -429,106 +429,6 @@ class NoProbe:
         pass
 
 
-class Telemetry(Protocol):
-    """What workers and the projector report as metrics; nothing by default.
-    Kinds of step: model, tool, patch, interrupt, finish, fail, reconcile."""
-
-    def step(self, agent: str, kind: str, seconds: float) -> None: ...
-
-    def append(self, agent: str, seconds: float) -> None: ...
-
-    def model_call(self, agent: str, model: str, seconds: float, ok: bool) -> None: ...
-
-    def fenced(self, agent: str) -> None: ...
-
-    def reconciled(self, agent: str) -> None: ...
-
-    def dead_letter(self, topic: str) -> None: ...
-
-    def projected(self, types: Sequence[str], lag_seconds: float) -> None: ...
-
-    def approval_waited(self, agent: str, seconds: float) -> None: ...
-
-    def runs_by_status(self, counts: Mapping[str, int]) -> None: ...
-
-
-class NoTelemetry:
-    def step(self, agent: str, kind: str, seconds: float) -> None:
-        pass
-
-    def append(self, agent: str, seconds: float) -> None:
-        pass
-
-    def model_call(self, agent: str, model: str, seconds: float, ok: bool) -> None:
-        pass
-
-    def fenced(self, agent: str) -> None:
-        pass
-
-    def reconciled(self, agent: str) -> None:
-        pass
-
-    def dead_letter(self, topic: str) -> None:
-        pass
-
-    def projected(self, types: Sequence[str], lag_seconds: float) -> None:
-        pass
-
-    def approval_waited(self, agent: str, seconds: float) -> None:
-        pass
-
-    def runs_by_status(self, counts: Mapping[str, int]) -> None:
-        pass
-
-
-class Span(Protocol):
-    def set(self, key: str, value: str | int | float | bool) -> None: ...
-
-
-class Tracer(Protocol):
-    """Spans of runs and steps (OpenTelemetry when configured); nothing by default.
-    Every span of a run belongs to the run's one trace, whichever process made it;
-    ``headers`` is the current span's context, written beside each event."""
-
-    def activation(self, agent: str, run_id: str) -> AbstractContextManager[Span]: ...
-
-    def step(
-        self, agent: str, run_id: str, step: int
-    ) -> AbstractContextManager[Span]: ...
-
-    def model_call(self, model: str) -> AbstractContextManager[Span]: ...
-
-    def tool_call(self, tool: str, call_id: str) -> AbstractContextManager[Span]: ...
-
-    def headers(self) -> tuple[tuple[str, bytes], ...]: ...
-
-
-class NoSpan:
-    def set(self, key: str, value: str | int | float | bool) -> None:
-        pass
-
-
-class NoTracer:
-    @contextmanager
-    def _nothing(self) -> Iterator[Span]:
-        yield NoSpan()
-
-    def activation(self, agent: str, run_id: str) -> AbstractContextManager[Span]:
-        return self._nothing()
-
-    def step(self, agent: str, run_id: str, step: int) -> AbstractContextManager[Span]:
-        return self._nothing()
-
-    def model_call(self, model: str) -> AbstractContextManager[Span]:
-        return self._nothing()
-
-    def tool_call(self, tool: str, call_id: str) -> AbstractContextManager[Span]:
-        return self._nothing()
-
-    def headers(self) -> tuple[tuple[str, bytes], ...]:
-        return ()
-
-
 class BlobStore(Protocol):
     """Content-addressed bytes for payloads too large for an event (claim check)."""
 
@@ -562,7 +462,7 @@ class Ports:
     migrate: Callable[[], object] = lambda: None
     claims: ClaimCheck | None = None
     probe: Probe = field(default_factory=NoProbe)
-    telemetry: Telemetry = field(default_factory=NoTelemetry)
+    telemetry: Telemetry = field(default_factory=NoTelemetry)  # observability.py
     tracer: Tracer = field(default_factory=NoTracer)
     closers: list[Callable[[], None]] = field(default_factory=list)
 

@@ -65,20 +65,17 @@ from es_agents.errors import (
     FencedError,
     RunError,
 )
+from es_agents.observability import NoTelemetry, NoTracer, Telemetry, Tracer
 from es_agents.payloads import ClaimCheck
 from es_agents.ports import (
     CommandBook,
     Decided,
     EffectLedger,
     EventLog,
-    NoTelemetry,
-    NoTracer,
     PartitionWriter,
     Position,
     Probe,
-    Telemetry,
     Timers,
-    Tracer,
 )
 from es_agents.resume import RunLoader
 

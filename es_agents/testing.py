@@ -37,7 +37,7 @@ from es_agents.core.state import RunState
 from es_agents.models import Completion, ScriptedModel
 from es_agents.settings import KafkaSettings, Settings
 
-__all__ = ["AgentHarness", "Crashed", "VirtualClock"]
+__all__ = ["AgentHarness", "CrashAt", "Crashed", "VirtualClock"]
 
 
 class Crashed(BaseException):
@@ -58,7 +58,7 @@ class VirtualClock:
         return self.at
 
 
-class _CrashAt:
+class CrashAt:
     """A probe that raises ``Crashed`` the n-th time a point is passed."""
 
     def __init__(self, point: str) -> None:
@@ -126,7 +126,7 @@ class AgentHarness:
             self.settings, self.agent, until_idle=True, idle_seconds=0.05
         )
         if crash_at is not None:
-            worker.ctx.probe = _CrashAt(crash_at)
+            worker.ctx.probe = CrashAt(crash_at)
         worker.run()
 
     # -- what happened -----------------------------------------------------------------

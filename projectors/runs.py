@@ -49,15 +49,8 @@ from es_agents.core.snapshot import (
 from es_agents.core.state import RunState
 from es_agents.dead_letters import DeadLetterQueue
 from es_agents.errors import DecodeError, FoldError, PayloadUnavailable
-from es_agents.ports import (
-    EventLog,
-    NoTelemetry,
-    Probe,
-    Received,
-    Record,
-    Subscribe,
-    Telemetry,
-)
+from es_agents.observability import NoTelemetry, Telemetry
+from es_agents.ports import EventLog, Probe, Received, Record, Subscribe
 from es_agents.settings import Settings
 
 log = logging.getLogger(__name__)

@@ -6,28 +6,19 @@ cd "$(dirname "$0")/.."
 BIN=.venv/bin
 started=$(date +%s)
 
-# kcat is the third-party reader the tests use to check the wire format.
-if ! command -v kcat >/dev/null; then
+# A Debian package the tests need: installed with apt when missing (as root).
+need() {
+  command -v "$1" >/dev/null && return
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "installing kcat (Debian package)"
-    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q kcat >/dev/null
+    echo "installing $1 (Debian package)"
+    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$1" >/dev/null
   else
-    echo "kcat is missing: sudo apt-get install -y kcat" >&2
+    echo "$1 is missing: sudo apt-get install -y $1" >&2
     exit 2
   fi
-fi
-
-# Debian's chromium is the browser the UI test drives with Playwright (no downloaded
-# browser build).
-if ! command -v chromium >/dev/null; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "installing chromium (Debian package)"
-    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null
-  else
-    echo "chromium is missing: sudo apt-get install -y chromium" >&2
-    exit 2
-  fi
-fi
+}
+need kcat      # the third-party reader the tests check the wire format with
+need chromium  # the browser the UI test drives with Playwright (no downloaded build)
 
 echo "== lint and types"
 $BIN/ruff format --check .

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import socket
 from pathlib import Path
 
 from es_agents.core.events import Event, RunStarted, StatePatched
@@ -35,3 +36,10 @@ def script_of(
 def unsealed(events: list[Event]) -> list[Event]:
     """Events as a test made them: without the ``prev`` the log's sealing set."""
     return [e.model_copy(update={"prev": b""}) for e in events]
+
+
+def free_port() -> int:
+    """A local TCP port nothing listens on (as of now)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

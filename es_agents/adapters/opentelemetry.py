@@ -21,7 +21,7 @@ from opentelemetry import trace
 from opentelemetry.propagate import inject
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags
 
-from es_agents.ports import Span
+from es_agents.observability import Span
 
 
 def run_context(run_id: str) -> SpanContext:

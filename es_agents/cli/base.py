@@ -105,6 +105,11 @@ def output_option(fn: F) -> F:
         callback=_set_json,
         help="Same as -o jsonl.",
     )(fn)
+    return _format_option("Output format (errors too: {error, kind} as JSON).")(fn)
+
+
+def _format_option(help_text: str, eager: bool = False) -> Callable[[F], F]:
+    """``-o text|json|jsonl``: the same option on the group and on each command."""
     return click.option(
         "-o",
         "--output",
@@ -112,9 +117,10 @@ def output_option(fn: F) -> F:
         type=click.Choice(FORMATS),
         default=None,
         expose_value=False,
+        is_eager=eager,
         callback=_set_format,
-        help="Output format (errors too: {error, kind} as JSON).",
-    )(fn)
+        help=help_text,
+    )
 
 
 def _set_log_level(
@@ -139,17 +145,7 @@ def _set_log_level(
 
 @click.group()
 @click.version_option(package_name="es-agents")
-@click.option(
-    "-o",
-    "--output",
-    "_output",
-    type=click.Choice(FORMATS),
-    default=None,
-    expose_value=False,
-    is_eager=True,
-    callback=_set_format,
-    help="Output format of every command, errors included.",
-)
+@_format_option("Output format of every command, errors included.", eager=True)
 @click.option(
     "--log-level",
     type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import time
 from datetime import UTC, datetime, timedelta
@@ -23,6 +22,7 @@ from es_agents.errors import NotFound
 from es_agents.lab.demo import cli
 from es_agents.settings import KafkaSettings, Settings
 from tests.integration.test_commands import until, worker
+from tests.test_support import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -144,14 +144,8 @@ def test_exit_codes_say_what_happened(env: dict[str, str]) -> None:
     assert cli(env, "-o", "yaml", "runs").returncode == 2
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_unreachable_services_fail_fast_in_one_line(env: dict[str, str]) -> None:
-    port = _closed_port()
+    port = free_port()
     cases = {
         "Kafka": {"ES_AGENTS_BOOTSTRAP_SERVERS": f"127.0.0.1:{port}"},
         "Postgres": {

@@ -5,7 +5,6 @@ lines (its stderr is not a terminal)."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -18,15 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from es_agents.lab.demo import _env, cli
 from tests.integration.test_commands import until
-from tests.test_support import ROOT
+from tests.test_support import ROOT, free_port
 
 pytestmark = pytest.mark.integration
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @dataclass
@@ -37,7 +30,7 @@ class _Served:
 
 @contextmanager
 def _serving(env: dict[str, str], *args: str) -> Iterator[_Served]:
-    served = _Served(_free_port())
+    served = _Served(free_port())
     port = served.port
     proc = subprocess.Popen(
         [sys.executable, "-m", "es_agents.cli", *args, "--metrics-port", str(port)],

@@ -25,6 +25,7 @@ from es_agents.dev import DevStack
 from es_agents.errors import ConfigError
 from es_agents.lab.demo import cli, run_worker, ticket_stats
 from es_agents.settings import KafkaSettings, Settings
+from tests.integration.test_commands import until
 from tests.integration.test_runtime import _emails
 from tests.test_support import ROOT
 
@@ -127,10 +128,13 @@ def _worker(
 
 
 def _wait_for_request(settings: Settings, run_id: str) -> None:
-    deadline = time.monotonic() + 60
-    while not any(isinstance(e, ModelCallRequested) for e in _events(settings, run_id)):
-        assert time.monotonic() < deadline, "the first worker never started"
-        time.sleep(0.1)
+    until(
+        lambda: any(
+            isinstance(e, ModelCallRequested) for e in _events(settings, run_id)
+        ),
+        60,
+        "the first worker never started",
+    )
 
 
 def test_a_paused_worker_is_fenced_by_the_epoch(
@@ -153,10 +157,11 @@ def test_a_paused_worker_is_fenced_by_the_epoch(
         assert replay(finished).status == "completed"
         assert time.monotonic() - started >= 6 - 1  # it waited for the lease
         zombie.send_signal(signal.SIGCONT)  # its model call returns, it appends...
-        deadline = time.monotonic() + 30
-        while not any(w in log.read_text() for w in ("fenced", "not owned")):
-            assert time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.1)  # ...and is refused
+        until(  # ...and is refused
+            lambda: any(w in log.read_text() for w in ("fenced", "not owned")),
+            30,
+            "the zombie's refusal in its log",
+        )
     finally:
         zombie.send_signal(signal.SIGCONT)
         zombie.terminate()

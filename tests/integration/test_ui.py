@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -19,17 +18,11 @@ from playwright.sync_api import expect, sync_playwright
 
 from es_agents.lab.demo import _env, cli
 from tests.integration.test_commands import until, worker
-from tests.test_support import ROOT
+from tests.test_support import ROOT, free_port
 
 pytestmark = pytest.mark.integration
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _up(url: str) -> bool:
@@ -45,7 +38,7 @@ def test_approve_a_paused_run_in_the_browser(
 ) -> None:
     assert Path(CHROMIUM).exists(), "Debian's chromium: apt-get install chromium"
     shots = Path(os.environ.get("ES_AGENTS_UI_SCREENSHOTS", tmp_path))
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     run = f"ui-{uuid.uuid4().hex[:8]}"
     server = subprocess.Popen(

@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Sequence
 
 import pytest
 from pydantic import BaseModel, JsonValue
@@ -26,31 +25,9 @@ from es_agents.errors import Unavailable
 from es_agents.models import ScriptedModel, call, reply
 from es_agents.ports import Ports
 from es_agents.settings import KafkaSettings, Settings
+from es_agents.testing import CrashAt
+from es_agents.testing import Crashed as Crash
 from es_agents.tools import Lookup, Tool, ToolContext, tool
-
-
-class Crash(BaseException):
-    """The process dies here: no handler of the runtime catches it."""
-
-
-class CrashAt:
-    """A probe that crashes the n-th time a point is passed."""
-
-    def __init__(self, point: str) -> None:
-        name, _, nth = point.partition("@")
-        self.point, self.nth, self.seen = name, int(nth or 1), 0
-
-    def hit(self, point: str) -> None:
-        if point == self.point:
-            self.seen += 1
-            if self.seen == self.nth:
-                raise Crash(point)
-
-    def acked(self, events: Sequence[Event]) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 class World:
