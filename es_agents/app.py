@@ -113,7 +113,10 @@ def _database(settings: Settings, pool_size: int, timeout: float) -> Any:
     from es_agents.adapters.postgres import Database
 
     url = settings.database_url.get_secret_value()
-    return Database(url, max_size=pool_size, timeout=timeout)
+    # A member silent for the session timeout has lost its partitions: its open
+    # transactions go too, so they cannot block the member that takes them over.
+    idle = settings.kafka.session_timeout_ms / 1000
+    return Database(url, max_size=pool_size, timeout=timeout, idle_in_transaction=idle)
 
 
 def _postgres_read_side(settings: Settings, db: Any, decode: Any) -> dict[str, Any]:

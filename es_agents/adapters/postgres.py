@@ -45,11 +45,24 @@ def migrations() -> list[Migration]:
 class Database:
     """A small connection pool with errors translated at the boundary."""
 
-    def __init__(self, url: str, max_size: int = 8, timeout: float = 30.0) -> None:
-        """``timeout``: seconds to wait for a connection before ``Unavailable``."""
+    def __init__(
+        self,
+        url: str,
+        max_size: int = 8,
+        timeout: float = 30.0,
+        idle_in_transaction: float = 45.0,
+    ) -> None:
+        """``timeout``: seconds to wait for a connection before ``Unavailable``.
+        ``idle_in_transaction``: the server ends a session of ours that sat that long
+        inside a transaction -- a paused or hung process must not keep row locks
+        (a partition's epoch, a lease) that its successor waits on forever."""
         self.url = url
         self.timeout = timeout
-        kwargs: dict[str, Any] = {"autocommit": False}
+        kwargs: dict[str, Any] = {
+            "autocommit": False,
+            "options": "-c idle_in_transaction_session_timeout="
+            f"{max(1, round(idle_in_transaction * 1000))}",
+        }
         if timeout < 30:
             kwargs["connect_timeout"] = max(2, math.ceil(timeout))  # libpq's minimum
         try:
@@ -92,7 +105,10 @@ class Database:
                 f"{self.timeout:g} s (ES_AGENTS_DATABASE_URL; the dev stack starts "
                 "with `es-agents dev up`)"
             ) from e
-        except psycopg.OperationalError as e:
+        except (
+            psycopg.OperationalError,
+            psycopg.errors.IdleInTransactionSessionTimeout,  # the server ended it
+        ) as e:
             raise Unavailable(f"postgres: {e}") from e
         except psycopg.errors.UndefinedTable as e:
             raise ConfigError(

@@ -17,12 +17,13 @@ from pathlib import Path
 import pytest
 from pydantic import SecretStr
 
+from es_agents.adapters.postgres import Database
 from es_agents.app import build_client_ports
 from es_agents.core import replay
 from es_agents.core.commands import StartRun
 from es_agents.core.events import Event, ModelCallRequested
 from es_agents.dev import DevStack
-from es_agents.errors import ConfigError
+from es_agents.errors import ConfigError, Unavailable
 from es_agents.lab.demo import cli, run_worker, ticket_stats
 from es_agents.settings import KafkaSettings, Settings
 from tests.integration.test_commands import until
@@ -157,17 +158,59 @@ def test_a_paused_worker_is_fenced_by_the_epoch(
         assert replay(finished).status == "completed"
         assert time.monotonic() - started >= 6 - 1  # it waited for the lease
         zombie.send_signal(signal.SIGCONT)  # its model call returns, it appends...
-        until(  # ...and is refused
-            lambda: any(w in log.read_text() for w in ("fenced", "not owned")),
+        # ...and is refused: by the epoch check, or -- when it was stopped inside a
+        # transaction -- the server ended that session and the zombie gives up.
+        until(
+            lambda: (
+                any(w in log.read_text() for w in ("fenced", "not owned"))
+                or zombie.poll() is not None
+            ),
             30,
             "the zombie's refusal in its log",
         )
+        if zombie.poll() is not None:
+            assert zombie.returncode != 0
+            assert "postgres" in log.read_text()
     finally:
         zombie.send_signal(signal.SIGCONT)
         zombie.terminate()
         zombie.wait(60)
     assert _events(settings, run_id) == finished, "a fenced writer's append landed"
     assert ticket_stats(tickets_url, run_id) == {"tickets": 1, "keys": 1}
+
+
+def test_a_stalled_transaction_does_not_hold_its_locks_forever(
+    pg: tuple[Settings, dict[str, str]],
+) -> None:
+    """A process stopped inside a transaction (SIGSTOP, a hung thread) keeps its row
+    locks until the server ends its session: the epoch it shares is taken by the
+    next owner after ``idle_in_transaction`` seconds, not never."""
+    settings, _ = pg
+    url = settings.database_url.get_secret_value()
+    stalled, heir = (Database(url, idle_in_transaction=1.0) for _ in range(2))
+    try:
+        heir.migrate()
+        with heir.transaction() as conn:
+            conn.execute(
+                "INSERT INTO partition_epochs (group_id, partition, epoch) "
+                "VALUES ('g', 0, 1)"
+            )
+        held = stalled.transaction()
+        conn = held.__enter__()
+        conn.execute(
+            "SELECT epoch FROM partition_epochs WHERE group_id = 'g' FOR SHARE"
+        )
+        started = time.monotonic()
+        with heir.transaction() as other:
+            other.execute("SET LOCAL lock_timeout = '20s'")
+            other.execute("UPDATE partition_epochs SET epoch = 2 WHERE group_id = 'g'")
+        took = time.monotonic() - started
+        with pytest.raises(Unavailable):
+            held.__exit__(None, None, None)  # its session is gone: nothing commits
+    finally:
+        stalled.close()
+        heir.close()
+    assert 0.5 < took < 10, took
 
 
 def test_a_killed_workers_partitions_are_taken_at_once(
