@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from pydantic import JsonValue
 
+from es_agents.core.approvals import ApprovalPolicy
 from es_agents.core.state import RunState
 from es_agents.core.step import (
     CallModel,
@@ -27,6 +28,7 @@ from es_agents.core.step import (
     Interrupt,
     Message,
     Step,
+    args_hash,
 )
 from es_agents.core.versions import StateMigration, VersionPolicy
 from es_agents.errors import ConfigError
@@ -68,6 +70,11 @@ class ToolAgent:
         """The approval gates this agent can stop at: its tools that need approval."""
         return frozenset(t.name for t in self.tool_list if t.requires_approval)
 
+    @property
+    def approval_policies(self) -> dict[str, ApprovalPolicy]:
+        """Who decides each gate, for the tools that say (``approval=``)."""
+        return {t.name: t.approval for t in self.tool_list if t.approval is not None}
+
     def versions(self) -> dict[str, str | int]:
         return {
             "agent_version": f"{self.name}@{self.version}",
@@ -103,6 +110,18 @@ class ToolAgent:
                     )
                 if decided.get("reason") != "approved":
                     return Finish({"rejected": call.name, "by": decided.get("by")})
+                approved = decided.get("args_hash")
+                if isinstance(approved, str) and approved != args_hash(call.args_json):
+                    return Interrupt(  # the approval was for other arguments: void
+                        reason="awaiting_approval",
+                        gate=tool.name,
+                        detail={
+                            "call_id": call.call_id,
+                            "tool": call.name,
+                            "args_json": call.args_json,
+                            "void": "the arguments changed after the approval",
+                        },
+                    )
             try:
                 args = json.loads(call.args_json)
             except json.JSONDecodeError:

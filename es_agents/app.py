@@ -122,10 +122,12 @@ def _database(settings: Settings, pool_size: int, timeout: float) -> Any:
 def _postgres_read_side(settings: Settings, db: Any, decode: Any) -> dict[str, Any]:
     from es_agents.adapters.postgres import PostgresEffectLedger, PostgresTimers
     from es_agents.adapters.postgres_commands import PostgresCommandBook
+    from es_agents.adapters.postgres_keys import PostgresKeyring
     from es_agents.adapters.postgres_projections import PostgresProjections
 
     kafka = settings.kafka
     return {
+        "keyring": PostgresKeyring(db),
         "projections": PostgresProjections(
             db, decode, settings.projector_group_id, kafka.events_topic
         ),
@@ -234,6 +236,7 @@ def _memory(settings: Settings) -> dict[str, Any]:
         MemoryTimers,
     )
     from es_agents.adapters.memory_log import MemoryBroker
+    from es_agents.approvals import MemoryKeyring
 
     prefix = settings.kafka.topic_prefix
     if prefix not in _MEMORY:
@@ -243,6 +246,7 @@ def _memory(settings: Settings) -> dict[str, Any]:
             "timers": MemoryTimers(),
             "book": MemoryCommandBook(),
             "blobs": InMemoryBlobStore(),
+            "keyring": MemoryKeyring(),
         }
     return _MEMORY[prefix]
 
@@ -290,6 +294,7 @@ def _memory_ports(settings: Settings, restore: Any) -> Ports:
         ledger=shared["ledger"],
         timers=shared["timers"],
         book=shared["book"],
+        keyring=shared["keyring"],
     )
 
 

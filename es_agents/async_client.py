@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from es_agents.approvals import SigningKey
 from es_agents.client import (
     FINISHED_OR_WAITING,
+    SIGNED_FOR,
     Client,
     CommandResult,
     RunView,
@@ -67,9 +69,14 @@ class AsyncClient:
         gate: str | None = None,
         comment: str | None = None,
         wait: float = 10.0,
+        *,
+        key: SigningKey | None = None,
+        valid_for: timedelta = SIGNED_FOR,
     ) -> CommandResult:
         return await asyncio.to_thread(
-            self.sync.approve, run_id, by, gate, comment, wait
+            lambda: self.sync.approve(
+                run_id, by, gate, comment, wait, key=key, valid_for=valid_for
+            )
         )
 
     async def reject(
@@ -79,8 +86,15 @@ class AsyncClient:
         gate: str | None = None,
         reason: str | None = None,
         wait: float = 10.0,
+        *,
+        key: SigningKey | None = None,
+        valid_for: timedelta = SIGNED_FOR,
     ) -> CommandResult:
-        return await asyncio.to_thread(self.sync.reject, run_id, by, gate, reason, wait)
+        return await asyncio.to_thread(
+            lambda: self.sync.reject(
+                run_id, by, gate, reason, wait, key=key, valid_for=valid_for
+            )
+        )
 
     async def provide_input(
         self, run_id: str, by: str, input_json: str, wait: float = 10.0

@@ -15,12 +15,14 @@ import time
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 from pydantic import ConfigDict, SerializeAsAny, SkipValidation
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
+from es_agents.approvals import SigningKey
+from es_agents.core.approvals import decision_of, pause_of
 from es_agents.core.commands import (
     Approve,
     Cancel,
@@ -42,6 +44,7 @@ from es_agents.settings import Settings, load_settings
 
 # A worker writes its agent's row every 5 s: older than this, nobody serves it.
 SERVED_WITHIN_SECONDS = 30.0
+SIGNED_FOR = timedelta(minutes=15)  # a signed decision's default validity
 
 
 FINISHED_OR_WAITING = ("completed", "failed", "cancelled", "paused")
@@ -207,10 +210,14 @@ class Client:
         gate: str | None = None,
         comment: str | None = None,
         wait: float = 10.0,
+        *,
+        key: SigningKey | None = None,
+        valid_for: timedelta = SIGNED_FOR,
     ) -> CommandResult:
-        return self.send(
-            Approve(run_id=run_id, by=by, gate=gate, comment=comment), wait
-        )
+        """Approve the gate the run waits at; with ``key``, a decision signed for
+        this pause and these arguments, valid for ``valid_for``."""
+        command = Approve(run_id=run_id, by=by, gate=gate, comment=comment)
+        return self._decide(command, wait, key, valid_for)
 
     def reject(
         self,
@@ -219,8 +226,41 @@ class Client:
         gate: str | None = None,
         reason: str | None = None,
         wait: float = 10.0,
+        *,
+        key: SigningKey | None = None,
+        valid_for: timedelta = SIGNED_FOR,
     ) -> CommandResult:
-        return self.send(Reject(run_id=run_id, by=by, gate=gate, reason=reason), wait)
+        command = Reject(run_id=run_id, by=by, gate=gate, reason=reason)
+        return self._decide(command, wait, key, valid_for)
+
+    def _decide(
+        self,
+        command: Approve | Reject,
+        wait: float,
+        key: SigningKey | None,
+        valid_for: timedelta,
+    ) -> CommandResult:
+        if key is None:
+            return self.send(command, wait)
+        state = self._loader.load(command.run_id).state
+        if state is None:
+            raise NotFound(f"unknown run {command.run_id}")
+        pause = pause_of(state)
+        if pause is None or (command.gate not in (None, pause.gate)):
+            return CommandResult(
+                command,
+                "refused",
+                f"run {command.run_id} does not wait at "
+                f"{'a gate' if command.gate is None else repr(command.gate)}: a "
+                "signed decision answers the pause it is signed for",
+            )
+        signature, expires = key.sign(
+            pause, decision_of(command), command.by, valid_for
+        )
+        signed = command.model_copy(
+            update={"key_id": key.key_id, "signature": signature, "expires_at": expires}
+        )
+        return self.send(signed, wait)
 
     def provide_input(
         self, run_id: str, by: str, input_json: str, wait: float = 10.0

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar
 
+from es_agents.approvals import Keyring, MemoryKeyring
 from es_agents.core.chain import Sealed
 from es_agents.core.commands import Command, ForkRun, StartRun
 from es_agents.core.events import Event
@@ -464,6 +465,7 @@ class Ports:
     probe: Probe = field(default_factory=NoProbe)
     telemetry: Telemetry = field(default_factory=NoTelemetry)  # observability.py
     tracer: Tracer = field(default_factory=NoTracer)
+    keyring: Keyring = field(default_factory=MemoryKeyring)  # approvers' keys
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from es_agents import effects, lifecycle, model_steps
+from es_agents.approvals import Approvals
+from es_agents.core.approvals import decision_of, pause_of
 from es_agents.core.chain import Sealed, seal
 from es_agents.core.commands import (
     Approve,
@@ -32,6 +34,8 @@ from es_agents.core.commands import (
     StartRun,
 )
 from es_agents.core.events import (
+    ApprovalRecorded,
+    DecisionRefused,
     Event,
     Interrupted,
     RunCompleted,
@@ -129,6 +133,7 @@ class RunContext:
     append_ms: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
     telemetry: Telemetry = field(default_factory=NoTelemetry)
     tracer: Tracer = field(default_factory=NoTracer)
+    approvals: Approvals | None = None  # the agent's gates with a policy
 
 
 class Inbox(Protocol):
@@ -278,14 +283,14 @@ class RunLoop:
                 break
             command, offset = item
             try:
-                self.apply(command)
+                note = self.apply(command)
             except NotMine:
                 pass  # no verdict: the run's own agent gives it
             except Refused as e:
                 self.refuse(command, offset, e)
             else:
                 if not isinstance(command, FireTimer):
-                    self.verdicts.append(Decided(command, "applied"))
+                    self.verdicts.append(Decided(command, "applied", note))
             self.applied.append(offset)
 
     def refuse(self, command: Command, offset: int, reason: Exception) -> None:
@@ -303,8 +308,9 @@ class RunLoop:
         if not isinstance(command, FireTimer):
             ctx.book.decided([Decided(command, "refused", str(reason))])
 
-    def apply(self, command: Command) -> None:
-        """Apply one command to the run, or raise ``Refused`` / ``NotMine``."""
+    def apply(self, command: Command) -> str | None:
+        """Apply one command to the run, or raise ``Refused`` / ``NotMine``; a note
+        for its sender when it was applied but did not finish (a quorum)."""
         mine = self.agent.name
         if isinstance(command, StartRun) and self.state is None:
             if command.agent != mine:
@@ -312,12 +318,12 @@ class RunLoop:
             event = start(command, fingerprint(self.ctx.running))  # type: ignore[arg-type]
             self.state = fold(RunState(run_id=command.run_id), event)
             self.buffer.append(event)
-            return
+            return None
         if isinstance(command, ForkRun) and self.state is None:
             if command.agent != mine:
                 raise NotMine
             self.fork(command)
-            return
+            return None
         if self.state is None:
             # A run this agent never started: another agent's run whose start is
             # not applied yet, or no run at all.
@@ -337,12 +343,57 @@ class RunLoop:
                 f"agent {mine!r} has no gate {command.gate!r} "
                 f"(its gates: {', '.join(sorted(gates)) or 'none'})"
             )
+        if isinstance(command, Approve | Reject):
+            recorded = self.judged(self.state, command)
+            if recorded is not None:
+                return recorded
         try:
             self.buffer.extend(decide(self.state, command))
         except Refused:
             raise
         except EsAgentsError as e:
             raise RunError("reducer_error", f"{command.wire_name}: {e}") from e
+        return None
+
+    def judged(self, state: RunState, command: Approve | Reject) -> str | None:
+        """A decision on a gate with an approval policy: refused (recorded, then
+        ``Refused``), or counted towards the quorum (a note for the sender), or one
+        that resumes the run (None: ``decide`` applies it)."""
+        approvals = self.ctx.approvals
+        if approvals is None or command.command_id in state.command_ids:
+            return None
+        policy = approvals.policy_for(state, command)
+        if policy is None:
+            return None
+        verdict = approvals.check(state, command, policy)
+        pause = pause_of(state)
+        gate = command.gate or (pause.gate if pause is not None else None)
+        if verdict.refused is not None:
+            self.add(
+                DecisionRefused,
+                gate=gate,
+                decision=decision_of(command),
+                by=command.by,
+                command_id=command.command_id,
+                key_id=command.key_id,
+                reason=verdict.refused,
+            )
+            raise Refused(verdict.refused)
+        if verdict.complete:
+            return None
+        self.add(
+            ApprovalRecorded,
+            gate=gate,
+            by=command.by,
+            command_id=command.command_id,
+            key_id=command.key_id,
+            args_hash=pause.args_hash if pause is not None else None,
+        )
+        count = len(pause.approvals) + 1 if pause is not None else 1
+        return (
+            f"approval {count} of {policy.quorum} recorded; "
+            "the run waits for the others"
+        )
 
     def fork(self, command: ForkRun) -> None:
         """This run begins as a copy of the origin's log up to ``at_seq`` (read from

@@ -14,6 +14,7 @@ from typing import Generic, Literal, TypeVar
 
 from pydantic import BaseModel, JsonValue, ValidationError
 
+from es_agents.core.approvals import ApprovalPolicy
 from es_agents.core.step import canonical_json
 from es_agents.errors import TerminalToolError
 
@@ -74,6 +75,8 @@ class Tool(Generic[A]):
     honors_idempotency_key: bool = False
     lookup: Callable[[str], Lookup] | None = None
     requires_approval: bool = False
+    # Who decides the gate (core.approvals): approvers, roles, quorum, signatures.
+    approval: ApprovalPolicy | None = None
     # Seconds a call may take; past it a side-effect-free call is an error the model
     # sees, and a side-effecting one pauses the run as an uncertain effect.
     timeout: float | None = 120.0
@@ -110,9 +113,11 @@ def tool(
     honors_idempotency_key: bool = False,
     lookup: Callable[[str], Lookup] | None = None,
     requires_approval: bool = False,
+    approval: ApprovalPolicy | None = None,
     timeout: float | None = 120.0,
 ) -> Callable[[Callable[[A, ToolContext], JsonValue]], Tool[A]]:
-    """Declare a tool: ``@tool(Args, honors_idempotency_key=True)``."""
+    """Declare a tool: ``@tool(Args, honors_idempotency_key=True)``. ``approval``
+    (an ``ApprovalPolicy``) implies ``requires_approval``."""
 
     def wrap(fn: Callable[[A, ToolContext], JsonValue]) -> Tool[A]:
         return Tool(
@@ -123,7 +128,8 @@ def tool(
             side_effect=side_effect,
             honors_idempotency_key=honors_idempotency_key,
             lookup=lookup,
-            requires_approval=requires_approval,
+            requires_approval=requires_approval or approval is not None,
+            approval=approval,
             timeout=timeout,
         )
 

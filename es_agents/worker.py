@@ -28,6 +28,7 @@ from typing import Any
 
 from es_agents import containment
 from es_agents.agent import Agent, code_revision, declared_gates
+from es_agents.approvals import Approvals, policies_of
 from es_agents.core.commands import Command, FireTimer, ForkRun, StartRun
 from es_agents.core.snapshot import REDUCER_VERSION
 from es_agents.core.state import Versions
@@ -105,6 +106,8 @@ class Worker:
         migrations: list[StateMigration] = list(getattr(agent, "migrations", []))
         self.tracker = OffsetTracker()
         self._lock = threading.Lock()
+        policies = policies_of(agent)
+        approvals = Approvals(policies, ports.keyring) if policies else None
         self.ctx = RunContext(
             agent=agent,
             running=self.running,
@@ -127,6 +130,7 @@ class Worker:
             lock=self._lock,
             telemetry=ports.telemetry,
             tracer=ports.tracer,
+            approvals=approvals,
         )
         # Milliseconds per acknowledged append (one per step), for benchmarks.
         self.append_ms = self.ctx.append_ms

@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from es_agents.cli import commands, dev, inspect, lab, serve, show, ui
+from es_agents.cli import commands, dev, inspect, keys, lab, serve, show, ui
 from es_agents.cli.base import (
     EXIT_NOT_FOUND,
     EXIT_REFUSED,
@@ -23,7 +23,18 @@ from es_agents.cli.base import (
 )
 from es_agents.errors import ConfigError, EsAgentsError, NotFound, Unavailable
 
-__all__ = ["cli", "commands", "dev", "inspect", "lab", "main", "serve", "show", "ui"]
+__all__ = [
+    "cli",
+    "commands",
+    "dev",
+    "inspect",
+    "keys",
+    "lab",
+    "main",
+    "serve",
+    "show",
+    "ui",
+]
 
 
 def _fail(kind: str, message: str, code: int) -> None:

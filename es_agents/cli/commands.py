@@ -132,11 +132,58 @@ def _decide(command: Command, wait_seconds: float, no_wait: bool) -> None:
     _report(result)
 
 
+def signing_options(fn: F) -> F:
+    """--key / --valid-for: sign the decision with an approver's private key."""
+    fn = click.option(
+        "--valid-for",
+        "valid_minutes",
+        type=click.FloatRange(min=0, min_open=True),
+        default=15.0,
+        show_default=True,
+        help="Minutes the signed decision stays valid.",
+    )(fn)
+    return click.option(
+        "--key",
+        "key_file",
+        type=click.Path(exists=True, dir_okay=False),
+        default=None,
+        help="Sign with this Ed25519 private key (es-agents keys new).",
+    )(fn)
+
+
+def _signed_decision(  # noqa: PLR0917 - a decision's parts
+    approve: bool,
+    run_id: str,
+    by: str,
+    gate: str | None,
+    note: str | None,
+    key_file: str | None,
+    valid_minutes: float,
+    wait_seconds: float,
+    no_wait: bool,
+) -> None:
+    from datetime import timedelta  # noqa: PLC0415
+    from pathlib import Path  # noqa: PLC0415
+
+    from es_agents.approvals import SigningKey  # noqa: PLC0415
+
+    key = SigningKey.from_file(Path(key_file)) if key_file else None
+    wait = 0 if no_wait else wait_seconds
+    valid = timedelta(minutes=valid_minutes)
+    with client() as c:
+        if approve:
+            result = c.approve(run_id, by, gate, note, wait, key=key, valid_for=valid)
+        else:
+            result = c.reject(run_id, by, gate, note, wait, key=key, valid_for=valid)
+    _report(result)
+
+
 @cli.command()
 @click.argument("run_id")
 @click.option("--by", required=True, help="Who approves.")
 @click.option("--gate", default=None, help="Approve a named gate ahead of time.")
 @click.option("--comment", default=None)
+@signing_options
 @wait_options
 @output_option
 def approve(  # noqa: PLR0917 - click passes options positionally
@@ -144,14 +191,15 @@ def approve(  # noqa: PLR0917 - click passes options positionally
     by: str,
     gate: str | None,
     comment: str | None,
+    key_file: str | None,
+    valid_minutes: float,
     wait_seconds: float,
     no_wait: bool,
 ) -> None:
-    """Approve the gate RUN waits at (or --gate, ahead of time)."""
-    from es_agents.core.commands import Approve  # noqa: PLC0415
-
-    command = Approve(run_id=run_id, by=by, gate=gate, comment=comment)
-    _decide(command, wait_seconds, no_wait)
+    """Approve the gate RUN waits at (or --gate, ahead of time); --key signs it."""
+    _signed_decision(
+        True, run_id, by, gate, comment, key_file, valid_minutes, wait_seconds, no_wait
+    )
 
 
 @cli.command()
@@ -159,6 +207,7 @@ def approve(  # noqa: PLR0917 - click passes options positionally
 @click.option("--by", required=True, help="Who rejects.")
 @click.option("--gate", default=None, help="Reject a named gate ahead of time.")
 @click.option("--reason", default=None)
+@signing_options
 @wait_options
 @output_option
 def reject(  # noqa: PLR0917 - click passes options positionally
@@ -166,14 +215,15 @@ def reject(  # noqa: PLR0917 - click passes options positionally
     by: str,
     gate: str | None,
     reason: str | None,
+    key_file: str | None,
+    valid_minutes: float,
     wait_seconds: float,
     no_wait: bool,
 ) -> None:
-    """Reject the gate RUN waits at (or --gate, ahead of time)."""
-    from es_agents.core.commands import Reject  # noqa: PLC0415
-
-    command = Reject(run_id=run_id, by=by, gate=gate, reason=reason)
-    _decide(command, wait_seconds, no_wait)
+    """Reject the gate RUN waits at (or --gate, ahead of time); --key signs it."""
+    _signed_decision(
+        False, run_id, by, gate, reason, key_file, valid_minutes, wait_seconds, no_wait
+    )
 
 
 @cli.command("provide-input")

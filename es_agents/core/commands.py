@@ -49,6 +49,10 @@ class Approve(Command):
     by: str
     gate: str | None = None
     comment: str | None = None
+    # A signed decision (core.approvals): the key, the Ed25519 signature, expiry.
+    key_id: str | None = None
+    signature: bytes | None = None
+    expires_at: datetime | None = None
 
 
 class Reject(Command):
@@ -57,6 +61,9 @@ class Reject(Command):
     by: str
     gate: str | None = None
     reason: str | None = None
+    key_id: str | None = None
+    signature: bytes | None = None
+    expires_at: datetime | None = None
 
 
 class ProvideInput(Command):

@@ -145,6 +145,32 @@ class Resumed(Event):
     by: str | None = None
     input_json: str | None = None
     claims: tuple[PayloadClaim, ...] = ()
+    args_hash: str | None = None  # an approval: the arguments it approved
+
+
+class ApprovalRecorded(Event):
+    """An approval counted towards the gate's quorum; the run keeps waiting."""
+
+    wire_name: ClassVar[str] = "approval_recorded"
+
+    gate: str
+    by: str
+    command_id: str
+    key_id: str | None = None
+    args_hash: str | None = None
+
+
+class DecisionRefused(Event):
+    """A decision the gate's policy refused, with the reason; nothing else changed."""
+
+    wire_name: ClassVar[str] = "decision_refused"
+
+    gate: str | None = None
+    decision: str
+    by: str
+    command_id: str
+    key_id: str | None = None
+    reason: str
 
 
 class RunCompleted(Event):
@@ -197,5 +223,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         RunFailed,
         Migrated,
         Forked,
+        ApprovalRecorded,
+        DecisionRefused,
     )
 }

@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from functools import singledispatch
 
 from es_agents.core.events import (
+    ApprovalRecorded,
+    DecisionRefused,
     Event,
     Forked,
     Interrupted,
@@ -241,6 +243,7 @@ def _(event: Resumed, state: RunState) -> None:
             "reason": event.reason,
             "by": event.by,
             "seq": event.seq,
+            **({"args_hash": event.args_hash} if event.args_hash else {}),
         }
     if event.command_id is not None:
         state.command_ids.add(event.command_id)
@@ -282,3 +285,18 @@ def _(event: Forked, state: RunState) -> None:
     state.origin_run = event.origin_run  # a fork of a fork names its own origin
     state.origin_seq = event.origin_seq
     state.command_ids.add(event.command_id)
+
+
+@_apply.register
+def _(event: ApprovalRecorded, state: RunState) -> None:
+    _require_started(state, event)
+    waiting = state.waiting
+    if waiting is None or waiting.reason != "awaiting_approval":
+        raise FoldError(f"run {state.run_id} does not wait for an approval")
+    waiting.approvals.append(event.by)
+    state.command_ids.add(event.command_id)
+
+
+@_apply.register
+def _(event: DecisionRefused, state: RunState) -> None:
+    _require_started(state, event)  # a record only: resent, it is judged again

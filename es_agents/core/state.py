@@ -47,6 +47,7 @@ class Waiting:
     wake_at: datetime | None
     since_seq: int
     gate: str | None = None
+    approvals: list[str] = field(default_factory=list)  # towards a quorum
 
 
 @dataclass(slots=True)

@@ -96,6 +96,16 @@ def canonical_json(value: object) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def args_hash(args_json: str) -> str:
+    """The hash of a call's arguments as JSON (key order does not matter): what an
+    approval of the call approves."""
+    try:
+        text = canonical_json(json.loads(args_json))
+    except json.JSONDecodeError:
+        text = args_json
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
 def messages_hash(messages: Sequence[Message]) -> str:
     return (
         "sha256:" + hashlib.sha256(canonical_json(list(messages)).encode()).hexdigest()
@@ -259,7 +269,13 @@ def _decide_gate(state: RunState, command: Approve | Reject, out: EventBuilder) 
                 f"run {state.run_id} waits at gate {waiting.gate!r}, "
                 f"not {command.gate!r}"
             )
-        out.add(Resumed, reason=decision, command_id=command.command_id, by=command.by)
+        out.add(
+            Resumed,
+            reason=decision,
+            command_id=command.command_id,
+            by=command.by,
+            args_hash=_approved_args(waiting.detail_json),
+        )
         return
     if state.status != "running":
         raise Refused(
@@ -283,6 +299,16 @@ def _decide_gate(state: RunState, command: Approve | Reject, out: EventBuilder) 
             {"decision": decision, "by": command.by, "command_id": command.command_id}
         ),
     )
+
+
+def _approved_args(detail_json: str) -> str | None:
+    """The hash of the arguments of the call a gate's pause asks about, if any."""
+    try:
+        detail = json.loads(detail_json or "{}")
+    except json.JSONDecodeError:
+        return None
+    raw = detail.get("args_json") if isinstance(detail, dict) else None
+    return args_hash(raw) if isinstance(raw, str) else None
 
 
 def _doing(state: RunState) -> str:

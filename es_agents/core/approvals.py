@@ -1,0 +1,170 @@
+"""Who may decide a gate, and what a decision must carry: pure rules, no crypto.
+
+A gate's ``ApprovalPolicy`` names its approvers (identities and/or roles), how many
+distinct approvers it takes (``quorum``: 2 is four-eyes) and whether decisions must
+be signed. A signed decision is an Ed25519 signature over ``signed_payload``: the
+run, the gate, the pause it answers (step and the ``interrupted`` event's seq), the
+decision, the hash of the arguments being approved, the approver and an expiry. The
+runtime (``es_agents.approvals``) checks the signature against the approver's public
+key; ``judge`` here decides the rest from the run's state.
+
+A decision that ``judge`` refuses is recorded in the run's log as
+``decision_refused`` with the reason; an approval that does not complete a quorum
+is recorded as ``approval_recorded``; the one that completes it resumes the run.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from es_agents.core.commands import Approve, Reject
+from es_agents.core.state import RunState
+from es_agents.core.step import args_hash, canonical_json
+
+
+@dataclass(frozen=True)
+class ApprovalPolicy:
+    """Who decides a gate. No approvers and no roles: anyone (by name)."""
+
+    approvers: frozenset[str] = field(default_factory=frozenset)
+    roles: frozenset[str] = field(default_factory=frozenset)
+    quorum: int = 1
+    signed: bool = False
+
+    def __post_init__(self) -> None:
+        if self.quorum < 1:
+            raise ValueError("quorum must be at least 1")
+        object.__setattr__(self, "approvers", frozenset(self.approvers))
+        object.__setattr__(self, "roles", frozenset(self.roles))
+
+    def allows(self, identity: str, roles: frozenset[str]) -> bool:
+        if not self.approvers and not self.roles:
+            return True
+        return identity in self.approvers or bool(self.roles & roles)
+
+
+@dataclass(frozen=True)
+class ApproverKey:
+    """A registered public key: whose it is and the roles it speaks for."""
+
+    key_id: str
+    identity: str
+    roles: frozenset[str]
+    public_key: bytes  # raw Ed25519, 32 bytes
+    revoked: bool = False
+
+
+@dataclass(frozen=True)
+class Pause:
+    """What a decision answers: the gate a run waits at and the call it approves."""
+
+    run_id: str
+    gate: str
+    step: int
+    seq: int
+    args_hash: str | None
+    approvals: tuple[str, ...]
+
+
+def pause_of(state: RunState) -> Pause | None:
+    """The approval pause the run is in, if it is in one."""
+    waiting = state.waiting
+    if waiting is None or waiting.reason != "awaiting_approval" or not waiting.gate:
+        return None
+    try:
+        detail = json.loads(waiting.detail_json or "{}")
+    except json.JSONDecodeError:
+        detail = {}
+    raw = detail.get("args_json") if isinstance(detail, dict) else None
+    return Pause(
+        run_id=state.run_id,
+        gate=waiting.gate,
+        step=state.step,
+        seq=waiting.since_seq,
+        args_hash=args_hash(raw) if isinstance(raw, str) else None,
+        approvals=tuple(waiting.approvals),
+    )
+
+
+def signed_payload(
+    pause: Pause, decision: str, by: str, key_id: str, expires_at: datetime
+) -> bytes:
+    """The bytes an approver signs for ``decision`` on ``pause``."""
+    return canonical_json(
+        {
+            "run_id": pause.run_id,
+            "gate": pause.gate,
+            "step": pause.step,
+            "seq": pause.seq,
+            "decision": decision,
+            "args_hash": pause.args_hash,
+            "by": by,
+            "key_id": key_id,
+            "expires_at": expires_at.isoformat(),
+        }
+    ).encode()
+
+
+def decision_of(command: Approve | Reject) -> str:
+    return "approved" if isinstance(command, Approve) else "rejected"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """``refused``: the reason; else ``complete``: the decision resumes the run
+    (False: an approval recorded towards the quorum)."""
+
+    refused: str | None = None
+    complete: bool = True
+
+
+def judge(  # noqa: PLR0911 - one return per reason
+    pause: Pause | None,
+    command: Approve | Reject,
+    *,
+    policy: ApprovalPolicy,
+    key: ApproverKey | None,
+    signature_ok: bool,
+    now: datetime,
+) -> Verdict:
+    """Whether a decision on a gate with ``policy`` stands. ``key``: the registered
+    key the command names (None: unsigned or unknown); ``signature_ok``: the
+    signature verifies over ``signed_payload`` of ``pause`` with that key."""
+    gate = command.gate or (pause.gate if pause else None)
+    if pause is None or (command.gate is not None and command.gate != pause.gate):
+        if policy.signed or policy.quorum > 1 or policy.approvers or policy.roles:
+            return Verdict(
+                f"gate {gate!r} has approvers: it is decided while the run waits "
+                "there, not ahead of time"
+            )
+        return Verdict()
+    signed = command.signature is not None
+    if policy.signed and not signed:
+        return Verdict(f"gate {pause.gate!r} requires a signed decision (--key)")
+    roles: frozenset[str] = frozenset()
+    if signed:
+        if key is None:
+            return Verdict(f"unknown key {command.key_id!r}")
+        if key.revoked:
+            return Verdict(f"key {key.key_id} is revoked")
+        if key.identity != command.by:
+            return Verdict(
+                f"key {key.key_id} belongs to {key.identity!r}, not {command.by!r}"
+            )
+        if command.expires_at is None or command.expires_at <= now:
+            return Verdict(f"the signed decision expired at {command.expires_at}")
+        if not signature_ok:
+            return Verdict(
+                "the signature does not match this pause (forged, altered, or "
+                "signed for another pause or other arguments)"
+            )
+        roles = key.roles
+    if not policy.allows(command.by, roles):
+        return Verdict(f"{command.by!r} may not decide gate {pause.gate!r}")
+    if isinstance(command, Reject):
+        return Verdict()
+    if command.by in pause.approvals:
+        return Verdict(f"{command.by!r} already approved gate {pause.gate!r}")
+    return Verdict(complete=len(pause.approvals) + 1 >= policy.quorum)

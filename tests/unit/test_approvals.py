@@ -1,0 +1,231 @@
+"""Authorized, signed approvals on the in-memory stack: a four-eyes gate whose
+decisions must be signed. Every refused decision is recorded in the run's log as
+``decision_refused`` with its reason and gets a ``refused`` verdict; two distinct
+approvers resume the run; the tool runs once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, JsonValue
+
+from es_agents.agent import ToolAgent
+from es_agents.approvals import MemoryKeyring, SigningKey, new_key
+from es_agents.core.approvals import ApprovalPolicy, Pause, judge, pause_of
+from es_agents.core.commands import Approve, Reject
+from es_agents.core.events import DecisionRefused, ToolCall
+from es_agents.core.state import RunState
+from es_agents.core.step import CallTool, Interrupt, args_hash
+from es_agents.models import ScriptedModel, call, reply
+from es_agents.testing import AgentHarness
+from es_agents.tools import ToolContext, tool
+
+WIRES: list[int] = []
+
+
+class Wire(BaseModel):
+    amount: int
+
+
+FOUR_EYES = ApprovalPolicy(
+    approvers=frozenset({"alice"}), roles=frozenset({"finance"}), quorum=2, signed=True
+)
+
+
+@tool(Wire, approval=FOUR_EYES)
+def wire(args: Wire, ctx: ToolContext) -> JsonValue:
+    """Sends money."""
+    WIRES.append(args.amount)
+    return {"sent": args.amount}
+
+
+def _agent() -> ToolAgent:
+    script = [
+        call("wire", "c1", amount=100),
+        call("wire", "c2", amount=200),
+        reply("done"),
+    ]
+    return ToolAgent(
+        name="payer",
+        system_prompt="Pay.",
+        model=ScriptedModel(script),
+        tool_list=[wire],
+    )
+
+
+class Keys:
+    """Keys registered in the harness's keyring, by name."""
+
+    def __init__(self, ring: MemoryKeyring) -> None:
+        self.ring = ring
+        self.signing: dict[str, SigningKey] = {}
+
+    def make(self, name: str, identity: str, *roles: str) -> SigningKey:
+        pem, key = new_key(identity, frozenset(roles))
+        self.ring.add(key)
+        self.signing[name] = SigningKey.load(pem)
+        return self.signing[name]
+
+
+def _signed(
+    key: SigningKey,
+    pause: Pause,
+    by: str,
+    *,
+    reject: bool = False,
+    valid_for: timedelta = timedelta(minutes=5),
+) -> Approve | Reject:
+    decision = "rejected" if reject else "approved"
+    signature, expires = key.sign(pause, decision, by, valid_for)
+    kind = Reject if reject else Approve
+    return kind(
+        run_id=pause.run_id,
+        by=by,
+        key_id=key.key_id,
+        signature=signature,
+        expires_at=expires,
+    )
+
+
+def _refusals(h: AgentHarness, run_id: str) -> list[str]:
+    return [e.reason for e in h.events(run_id) if isinstance(e, DecisionRefused)]
+
+
+def _verdict(h: AgentHarness, command: Approve | Reject) -> tuple[str, str | None]:
+    found = h.ports.book.for_run(command.run_id)
+    mine = next(v for v in found if v.command_id == command.command_id)
+    return mine.status, mine.reason
+
+
+@pytest.fixture
+def paused(
+    es_harness: Callable[[Any], AgentHarness],
+) -> tuple[AgentHarness, str, Keys]:
+    WIRES.clear()
+    h = es_harness(_agent())
+    assert isinstance(h.ports.keyring, MemoryKeyring)
+    keys = Keys(h.ports.keyring)
+    run_id = h.start()
+    h.run()
+    assert h.state(run_id).waiting is not None
+    return h, run_id, keys
+
+
+def test_every_refused_decision_is_recorded_with_its_reason(
+    paused: tuple[AgentHarness, str, Keys],
+) -> None:
+    h, run_id, keys = paused
+    alice = keys.make("alice", "alice")
+    mallory = keys.make("mallory", "mallory")
+    revoked = keys.make("old", "alice")
+    assert keys.ring.revoke(revoked.key_id)
+    outsider = SigningKey.load(new_key("alice", frozenset())[0])  # not registered
+    pause = pause_of(h.state(run_id))
+    assert pause is not None
+    other_args = Pause(**{**pause.__dict__, "args_hash": args_hash('{"amount":9}')})
+    good = _signed(alice, pause, "alice")
+    cases: list[tuple[Approve | Reject, str]] = [
+        (Approve(run_id=run_id, by="alice"), "requires a signed decision"),
+        (_signed(mallory, pause, "mallory"), "may not decide"),
+        (_signed(mallory, pause, "alice"), "belongs to 'mallory'"),  # impersonation
+        (
+            good.model_copy(
+                update={"signature": _signed(mallory, pause, "alice").signature}
+            ),
+            "does not match",  # forged: another key's signature
+        ),
+        (
+            good.model_copy(
+                update={"expires_at": good.expires_at + timedelta(hours=9)}  # type: ignore[operator]
+            ),
+            "does not match",  # altered after signing
+        ),
+        (_signed(alice, other_args, "alice"), "does not match"),  # other arguments
+        (_signed(alice, pause, "alice", valid_for=timedelta(seconds=-1)), "expired"),
+        (_signed(revoked, pause, "alice"), "revoked"),
+        (_signed(outsider, pause, "alice"), "unknown key"),
+    ]
+    for command, _ in cases:
+        h.ports.log.send(command)
+    h.run()
+    reasons = _refusals(h, run_id)
+    assert len(reasons) == len(cases), reasons
+    for (command, expected), reason in zip(cases, reasons, strict=True):
+        assert expected in reason, (expected, reason)
+        assert _verdict(h, command) == ("refused", reason)
+    state = h.state(run_id)
+    assert state.status == "paused"
+    assert state.waiting is not None
+    assert state.waiting.approvals == []
+    assert WIRES == []
+
+
+def test_four_eyes_take_two_distinct_approvers_and_bind_the_pause(
+    paused: tuple[AgentHarness, str, Keys],
+) -> None:
+    h, run_id, keys = paused
+    alice = keys.make("alice", "alice")
+    bob = keys.make("bob", "bob", "finance")
+    first = pause_of(h.state(run_id))
+    assert first is not None
+    by_alice = _signed(alice, first, "alice")
+    h.ports.log.send(by_alice)
+    h.run()
+    assert _verdict(h, by_alice) == (
+        "applied",
+        "approval 1 of 2 recorded; the run waits for the others",
+    )
+    assert h.state(run_id).waiting is not None
+    again = _signed(alice, first, "alice")  # a new command, validly signed
+    h.ports.log.send(again)
+    h.ports.log.send(by_alice)  # the same command again: a no-op
+    h.run()
+    assert _refusals(h, run_id) == ["'alice' already approved gate 'wire'"]
+    h.ports.log.send(_signed(bob, first, "bob"))
+    h.run()
+    assert WIRES == [100]  # resumed by the second approver: the tool ran once
+    second = pause_of(h.state(run_id))
+    assert second is not None
+    assert second.seq > first.seq
+    replayed = by_alice.model_copy(update={"command_id": "replayed"})
+    h.ports.log.send(replayed)  # alice's decision on the first pause, sent again
+    h.run()
+    assert "does not match" in _verdict(h, replayed)[1]  # type: ignore[operator]
+    h.ports.log.send(_signed(bob, second, "bob", reject=True))
+    h.run()
+    state = h.state(run_id)
+    assert state.status == "completed"
+    assert WIRES == [100]  # one approver may reject: the second wire never ran
+
+
+def test_a_gate_with_approvers_is_not_decided_ahead_of_time() -> None:
+    early = Approve(run_id="r", by="alice", gate="wire")
+    now = datetime.now(UTC)
+    refused = judge(
+        None, early, policy=FOUR_EYES, key=None, signature_ok=False, now=now
+    )
+    assert refused.refused is not None
+    assert "not ahead of time" in refused.refused
+    anyone = judge(
+        None, early, policy=ApprovalPolicy(), key=None, signature_ok=False, now=now
+    )
+    assert anyone.refused is None
+
+
+def test_an_approval_of_other_arguments_is_void() -> None:
+    call_ = ToolCall(call_id="c1", name="wire", args_json='{"amount": 100}')
+    state = RunState(run_id="r", agent="payer", status="running")
+    state.open_tool_calls = [call_]
+    approved: dict[str, JsonValue] = {"reason": "approved", "by": "bob", "seq": 5}
+    state.gate_decisions["wire"] = {
+        **approved,
+        "args_hash": args_hash('{"amount":100}'),
+    }
+    assert isinstance(_agent().plan(state), CallTool)  # key order does not matter
+    state.gate_decisions["wire"] = {**approved, "args_hash": args_hash('{"amount":1}')}
+    step = _agent().plan(state)
+    assert isinstance(step, Interrupt)
+    assert step.reason == "awaiting_approval"
