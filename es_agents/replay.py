@@ -17,6 +17,8 @@ from datetime import datetime
 
 from es_agents.core.chain import ChainCheck
 from es_agents.core.events import (
+    ApprovalRecorded,
+    DecisionRefused,
     Event,
     Forked,
     Interrupted,
@@ -199,7 +201,7 @@ def timeline(
     return out
 
 
-def _details(  # noqa: PLR0911 - one return per event type
+def _details(  # noqa: PLR0911, PLR0912 - one return per event type
     event: Event,
     requested: dict[int, ModelCallRequested],
     prices: Mapping[str, ModelPrice],
@@ -257,6 +259,16 @@ def _details(  # noqa: PLR0911 - one return per event type
         }
     if isinstance(event, Resumed):
         return {"reason": event.reason, "by": event.by}
+    if isinstance(event, ApprovalRecorded):
+        return {"gate": event.gate, "by": event.by, "key": event.key_id}
+    if isinstance(event, DecisionRefused):
+        return {
+            "gate": event.gate,
+            "decision": event.decision,
+            "by": event.by,
+            "key": event.key_id,
+            "reason": event.reason,
+        }
     if isinstance(event, Migrated):
         changes = json.loads(event.changes_json or "{}")
         return {

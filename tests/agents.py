@@ -18,6 +18,7 @@ import psycopg
 from pydantic import BaseModel, JsonValue
 
 from es_agents.agent import ToolAgent
+from es_agents.core.approvals import ApprovalPolicy
 from es_agents.core.state import RunState
 from es_agents.core.step import Finish, Interrupt, PatchState, Step
 from es_agents.core.versions import StateMigration
@@ -383,4 +384,35 @@ fragile = ToolAgent(
         model_id="scripted-fragile",
     ),
     tool_list=[blob, confirm],
+)
+
+
+# -- signed approvals: a four-eyes gate ----------------------------------------------
+class WireArgs(BaseModel):
+    amount: int
+    to: str
+
+
+@tool(
+    WireArgs,
+    approval=ApprovalPolicy(
+        approvers=frozenset({"alice"}),
+        roles=frozenset({"finance"}),
+        quorum=2,
+        signed=True,
+    ),
+)
+def wire(args: WireArgs, ctx: ToolContext) -> JsonValue:
+    """Wires money: two approvers, signed decisions."""
+    return {"wired": args.amount, "to": args.to, "key": ctx.idempotency_key}
+
+
+four_eyes = ToolAgent(
+    name="four-eyes",
+    system_prompt="Pay the invoice.",
+    model=ScriptedModel(
+        [call("wire", "w1", amount=1200, to="ACME"), reply("paid")],
+        model_id="scripted-payer",
+    ),
+    tool_list=[wire],
 )

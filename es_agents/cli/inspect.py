@@ -295,6 +295,8 @@ def _awaiting(state: RunState) -> dict[str, object] | None:
         with contextlib.suppress(ValueError):  # else shown as it was recorded
             detail["args"] = json.loads(str(detail["args_json"]))
             del detail["args_json"]
+    if isinstance(detail, dict) and waiting.approvals:
+        detail["approvals"] = list(waiting.approvals)  # towards the gate's quorum
     return detail if isinstance(detail, dict) and detail else None
 
 

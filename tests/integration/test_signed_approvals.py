@@ -1,0 +1,107 @@
+"""Signed, four-eyes approvals on the real stack, from a shell: keys made and
+registered with ``es-agents keys new``, decisions signed with ``approve --key``; a
+worker process verifies them against ``approver_keys``. Each refused decision exits
+1 with its reason and is in the run's log as ``decision_refused``."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from es_agents.core.events import ApprovalRecorded, DecisionRefused, Resumed
+from es_agents.lab.demo import cli
+from tests.integration.test_commands import until, worker
+
+pytestmark = pytest.mark.integration
+
+
+def _out(done: subprocess.CompletedProcess[str], code: int) -> dict[str, object]:
+    assert done.returncode == code, (done.returncode, done.stdout, done.stderr[-2000:])
+    value = json.loads(done.stdout)
+    assert isinstance(value, dict)
+    return value
+
+
+def _key(env: dict[str, str], path: Path, identity: str, *roles: str) -> str:
+    args = ["keys", "new", "--identity", identity, "--out", str(path), "-o", "json"]
+    for role in roles:
+        args += ["--role", role]
+    made = _out(cli(env, *args), 0)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert b"PRIVATE KEY" in path.read_bytes()
+    return str(made["key_id"])
+
+
+def test_four_eyes_signed_from_the_shell(env: dict[str, str], tmp_path: Path) -> None:
+    keys = {name: tmp_path / f"{name}.key" for name in ("alice", "bob", "mallory")}
+    ids = {
+        "alice": _key(env, keys["alice"], "alice"),
+        "bob": _key(env, keys["bob"], "bob", "finance"),
+        "mallory": _key(env, keys["mallory"], "mallory"),
+    }
+    listed = json.loads(cli(env, "keys", "list", "-o", "json").stdout)
+    mine = {k["key_id"]: k for k in listed if k["key_id"] in ids.values()}
+    assert mine[ids["bob"]]["roles"] == ["finance"]
+    assert not mine[ids["mallory"]]["revoked"]
+    again = cli(env, "keys", "new", "--identity", "x", "--out", str(keys["bob"]))
+    assert again.returncode == 2  # never overwrites a key file
+
+    def approve(by: str, key: str | None, code: int) -> str:
+        args = ["approve", run, "--by", by, "-o", "json"]
+        if key is not None:
+            args += ["--key", str(keys[key])]
+        return str(_out(cli(env, *args), code)["reason"])
+
+    with worker(env, "tests.agents:four_eyes"):
+        started = _out(cli(env, "start", "four-eyes", "-o", "json"), 0)
+        run = str(started["run_id"])
+
+        def status() -> dict[str, object]:
+            return _out(cli(env, "status", run, "-o", "json"), 0)
+
+        until(lambda: status()["status"] == "paused", what="the wire's gate")
+        awaiting = status()["awaiting"]
+        assert isinstance(awaiting, dict)
+        assert (awaiting["tool"], awaiting["args"]) == (
+            "wire",
+            {"amount": 1200, "to": "ACME"},
+        )
+        refused = [
+            approve("alice", None, 1),
+            approve("mallory", "mallory", 1),
+            approve("alice", "mallory", 1),
+        ]
+        assert "requires a signed decision" in refused[0]
+        assert "'mallory' may not decide gate 'wire'" in refused[1]
+        assert "belongs to 'mallory', not 'alice'" in refused[2]
+        recorded = approve("alice", "alice", 0)
+        assert recorded == "approval 1 of 2 recorded; the run waits for the others"
+        awaiting = status()["awaiting"]
+        assert isinstance(awaiting, dict)
+        assert awaiting["approvals"] == ["alice"]
+        refused.append(approve("alice", "alice", 1))
+        assert refused[-1] == "'alice' already approved gate 'wire'"
+        assert _out(cli(env, "keys", "revoke", ids["mallory"], "-o", "json"), 0)[
+            "revoked"
+        ]
+        refused.append(approve("mallory", "mallory", 1))
+        assert "revoked" in refused[-1]
+        assert status()["status"] == "paused"
+        assert approve("bob", "bob", 0) is not None
+        until(lambda: status()["status"] == "completed", what="the run's end")
+    events = [
+        json.loads(line)
+        for line in cli(env, "show", run, "-o", "jsonl").stdout.strip().splitlines()
+    ]
+    kinds = [e["type"] for e in events]
+    assert kinds.count(DecisionRefused.wire_name) == len(refused)
+    assert [e["reason"] for e in events if e["type"] == DecisionRefused.wire_name] == (
+        refused
+    )
+    assert kinds.count(ApprovalRecorded.wire_name) == 1
+    resumed = [e for e in events if e["type"] == Resumed.wire_name]
+    assert [(e["reason"], e["by"]) for e in resumed] == [("approved", "bob")]
+    assert kinds.count("tool_returned") == 1
