@@ -60,6 +60,8 @@ class ToolAgent:
     version: str = "1"
     version_policy: VersionPolicy = field(default_factory=VersionPolicy)
     migrations: list[StateMigration] = field(default_factory=list)
+    # Payloads written encrypted under a per-run data key (es_agents.vault).
+    encrypted: bool = False
 
     @property
     def tools(self) -> Mapping[str, Tool[Any]]:

@@ -124,10 +124,12 @@ def _postgres_read_side(settings: Settings, db: Any, decode: Any) -> dict[str, A
     from es_agents.adapters.postgres_commands import PostgresCommandBook
     from es_agents.adapters.postgres_keys import PostgresKeyring
     from es_agents.adapters.postgres_projections import PostgresProjections
+    from es_agents.adapters.postgres_vault import PostgresVault
 
     kafka = settings.kafka
     return {
         "keyring": PostgresKeyring(db),
+        "vault": PostgresVault(db, settings.master),
         "projections": PostgresProjections(
             db, decode, settings.projector_group_id, kafka.events_topic
         ),
@@ -237,6 +239,7 @@ def _memory(settings: Settings) -> dict[str, Any]:
     )
     from es_agents.adapters.memory_log import MemoryBroker
     from es_agents.approvals import MemoryKeyring
+    from es_agents.vault import MemoryVault
 
     prefix = settings.kafka.topic_prefix
     if prefix not in _MEMORY:
@@ -247,6 +250,7 @@ def _memory(settings: Settings) -> dict[str, Any]:
             "book": MemoryCommandBook(),
             "blobs": InMemoryBlobStore(),
             "keyring": MemoryKeyring(),
+            "vault": MemoryVault(),
         }
     return _MEMORY[prefix]
 
@@ -295,6 +299,7 @@ def _memory_ports(settings: Settings, restore: Any) -> Ports:
         timers=shared["timers"],
         book=shared["book"],
         keyring=shared["keyring"],
+        vault=shared["vault"],
     )
 
 

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import ConfigDict, SerializeAsAny, SkipValidation
 from pydantic.dataclasses import dataclass as pydantic_dataclass
@@ -41,9 +41,11 @@ from es_agents.errors import NotFound, PayloadUnavailable
 from es_agents.ports import Ports, Position, Verdict
 from es_agents.resume import RunLoader
 from es_agents.settings import Settings, load_settings
+from es_agents.vault import Cipher
 
 # A worker writes its agent's row every 5 s: older than this, nobody serves it.
 SERVED_WITHIN_SECONDS = 30.0
+X = TypeVar("X")
 SIGNED_FOR = timedelta(minutes=15)  # a signed decision's default validity
 
 
@@ -131,6 +133,10 @@ class Client:
             ports.projections, ports.log, self.settings.kafka.events_topic
         )
         self._topics_checked = False
+        # With a master key, inputs are sent encrypted under the run's data key and
+        # encrypted payloads are shown; without one they read "(encrypted)".
+        self._seals = self.settings.master is not None
+        self._cipher = Cipher(ports.vault)
 
     def close(self) -> None:
         self._ports.close()
@@ -151,13 +157,11 @@ class Client:
     ) -> CommandResult:
         """Start a run of ``agent``; refused at once if ``run_id`` is taken."""
         self._check_topics()
+        run_id = run_id or str(uuid.uuid4())
         command = StartRun(
-            run_id=run_id or str(uuid.uuid4()), agent=agent, input_json=input_json
+            run_id=run_id, agent=agent, input_json=self._seal(run_id, input_json)
         )
-        exists = (
-            run_id is not None
-            and self._loader.load(run_id, restore=False).state is not None
-        )
+        exists = self._loader.load(run_id, restore=False).state is not None
         taken = self._book.reserve_start(command, exists)
         if taken is not None:
             return CommandResult(command, "refused", taken)
@@ -245,7 +249,7 @@ class Client:
         state = self._loader.load(command.run_id).state
         if state is None:
             raise NotFound(f"unknown run {command.run_id}")
-        pause = pause_of(state)
+        pause = pause_of(self.reveal(command.run_id, state))  # the plain arguments
         if pause is None or (command.gate not in (None, pause.gate)):
             return CommandResult(
                 command,
@@ -265,9 +269,29 @@ class Client:
     def provide_input(
         self, run_id: str, by: str, input_json: str, wait: float = 10.0
     ) -> CommandResult:
-        return self.send(
-            ProvideInput(run_id=run_id, by=by, input_json=input_json), wait
-        )
+        sealed = self._seal(run_id, input_json)
+        return self.send(ProvideInput(run_id=run_id, by=by, input_json=sealed), wait)
+
+    def _seal(self, run_id: str, text: str) -> str:
+        return self._cipher.encrypt_text(run_id, text) if self._seals else text
+
+    def reveal(self, run_id: str, value: X) -> X:
+        """``value`` with the run's encrypted payloads decrypted (``(forgotten)``
+        once the run was forgotten, ``(encrypted)`` without the master key)."""
+        return self._cipher.reveal(run_id, value)
+
+    def forget(self, run_id: str) -> bool:
+        """Destroy a finished run's data key: its payloads become unreadable
+        everywhere. False when it had none (not encrypted, or forgotten before)."""
+        state = self._loader.load(run_id, restore=False).state
+        if state is None:
+            raise NotFound(f"unknown run {run_id}")
+        if not state.terminal:
+            raise Refused(
+                f"run {run_id} is {state.status}: cancel it before forgetting it"
+            )
+        self._cipher.evict(run_id)
+        return self._ports.vault.forget(run_id)
 
     def cancel(
         self, run_id: str, by: str, reason: str | None = None, wait: float = 10.0
@@ -370,6 +394,7 @@ class Client:
         dead = self._dead_letters(run_id)
         state = loaded.state
         if state is not None:
+            state = self.reveal(run_id, state)
             return RunView(
                 run_id,
                 state.status,
@@ -441,7 +466,7 @@ class Client:
         events += [s.event for s in tail if s.event.seq > after]
         if not events:
             raise NotFound(f"unknown run {run_id}")
-        return [self._log.restore(e) for e in events]
+        return [self.reveal(run_id, self._log.restore(e)) for e in events]
 
     def dead_letters(
         self, run_id: str | None = None, limit: int = 100

@@ -19,6 +19,7 @@ from es_agents.core.commands import Command, ForkRun, StartRun
 from es_agents.core.events import Event
 from es_agents.core.state import RunState
 from es_agents.observability import NoTelemetry, NoTracer, Telemetry, Tracer
+from es_agents.vault import MemoryVault, Vault
 
 if TYPE_CHECKING:
     from es_agents.payloads import ClaimCheck
@@ -466,6 +467,7 @@ class Ports:
     telemetry: Telemetry = field(default_factory=NoTelemetry)  # observability.py
     tracer: Tracer = field(default_factory=NoTracer)
     keyring: Keyring = field(default_factory=MemoryKeyring)  # approvers' keys
+    vault: Vault = field(default_factory=MemoryVault)  # runs' data keys
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     def close(self) -> None:

@@ -65,6 +65,7 @@ from es_agents.core.versions import StateMigration, VersionPolicy, fingerprint
 from es_agents.dead_letters import DeadLetterQueue
 from es_agents.errors import (
     AppendError,
+    ConfigError,
     EsAgentsError,
     FencedError,
     RunError,
@@ -82,6 +83,7 @@ from es_agents.ports import (
     Timers,
 )
 from es_agents.resume import RunLoader
+from es_agents.vault import Cipher, encrypted
 
 log = logging.getLogger(__name__)
 
@@ -134,6 +136,8 @@ class RunContext:
     telemetry: Telemetry = field(default_factory=NoTelemetry)
     tracer: Tracer = field(default_factory=NoTracer)
     approvals: Approvals | None = None  # the agent's gates with a policy
+    cipher: Cipher | None = None  # reveals encrypted payloads (and writes them)
+    encrypt: bool = False  # the agent's payloads are written encrypted
 
 
 class Inbox(Protocol):
@@ -166,6 +170,8 @@ class RunLoop:
             restore=restore,
         )
         self.state: RunState | None = loaded.state
+        if self.state is not None and ctx.encrypt and ctx.cipher is not None:
+            self.state = ctx.cipher.reveal(actor.run_id, self.state, strict=True)
         self.head = loaded.head  # the hash chain's head: the next event's prev
 
     # -- appends -------------------------------------------------------------------
@@ -186,6 +192,8 @@ class RunLoop:
         offsets of the commands that caused it be committed."""
         ctx = self.ctx
         if self.buffer:
+            if ctx.encrypt and ctx.cipher is not None:  # then claim the ciphertext
+                self.buffer = [ctx.cipher.encrypt_event(e) for e in self.buffer]
             if ctx.claims is not None:  # large payloads to the object store first
                 self.buffer = [ctx.claims.claim(e) for e in self.buffer]
             sealed = self._seal()
@@ -308,9 +316,14 @@ class RunLoop:
         if not isinstance(command, FireTimer):
             ctx.book.decided([Decided(command, "refused", str(reason))])
 
-    def apply(self, command: Command) -> str | None:
+    def apply(self, command: Command) -> str | None:  # noqa: PLR0912 - per command
         """Apply one command to the run, or raise ``Refused`` / ``NotMine``; a note
         for its sender when it was applied but did not finish (a quorum)."""
+        if self.ctx.cipher is not None and encrypted(command):  # a client sealed it
+            try:
+                command = self.ctx.cipher.reveal(command.run_id, command, strict=True)
+            except ConfigError as e:
+                raise Refused(f"its payload is encrypted: {e}") from e
         mine = self.agent.name
         if isinstance(command, StartRun) and self.state is None:
             if command.agent != mine:
@@ -405,7 +418,10 @@ class RunLoop:
             origin, from_offset=first or 0, until_seq=command.at_seq
         )
         head = next((s.digest for s in sealed if s.event.seq == command.at_seq), b"")
-        events, state = fork_events([s.event for s in sealed], command, head)
+        copied = [s.event for s in sealed]
+        if ctx.cipher is not None and ctx.encrypt:  # the copy gets the fork's own key
+            copied = [ctx.cipher.reveal(origin, e, strict=True) for e in copied]
+        events, state = fork_events(copied, command, head)
         self.state = state
         self.buffer.extend(events)
         waiting = state.waiting

@@ -223,11 +223,27 @@ class Settings(BaseSettings):
     projector_group: str | None = Field(
         default=None, description="The projector's consumer group (PREFIX.projector)"
     )
+    master_key: SecretStr | None = Field(
+        default=None,
+        description="Base64 of 32 bytes: wraps the data keys of runs whose agent "
+        "encrypts its payloads (es-agents vault new-master-key makes one)",
+    )
+    master_key_file: str | None = Field(
+        default=None, description="A file holding the master key (base64)"
+    )
     ack_journal: Path | None = Field(
         default=None,
         description="Append run_id/seq/event_id of every acknowledged event here "
         "(bench chaos checks it against the log)",
     )
+
+    @property
+    def master(self) -> bytes | None:
+        """The master key's 32 bytes, if one is configured."""
+        from es_agents.vault import load_master_key  # noqa: PLC0415
+
+        value = self.master_key.get_secret_value() if self.master_key else None
+        return load_master_key(value, self.master_key_file)
 
     @property
     def projector_group_id(self) -> str:

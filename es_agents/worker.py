@@ -36,6 +36,7 @@ from es_agents.core.versions import StateMigration, VersionPolicy
 from es_agents.dead_letters import DeadLetterQueue
 from es_agents.errors import (
     AppendError,
+    ConfigError,
     FencedError,
     PayloadUnavailable,
     RunError,
@@ -48,6 +49,7 @@ from es_agents.resume import RunLoader
 from es_agents.run_loop import RunContext, RunLoop
 from es_agents.settings import Settings
 from es_agents.timer_service import BATCH, fire_timers
+from es_agents.vault import Cipher, SealedLedger, encrypts
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +110,13 @@ class Worker:
         self._lock = threading.Lock()
         policies = policies_of(agent)
         approvals = Approvals(policies, ports.keyring) if policies else None
+        cipher = Cipher(ports.vault)
+        encrypt = encrypts(agent)
+        if encrypt and ports.store != "memory" and settings.master is None:
+            raise ConfigError(
+                f"agent {agent.name!r} encrypts its payloads: set ES_AGENTS_MASTER_KEY "
+                "or ES_AGENTS_MASTER_KEY_FILE (es-agents vault new-master-key)"
+            )
         self.ctx = RunContext(
             agent=agent,
             running=self.running,
@@ -118,7 +127,7 @@ class Worker:
             loader=self.loader,
             owned=self.ownership,
             book=ports.book,
-            ledger=ports.ledger,
+            ledger=SealedLedger(ports.ledger, cipher) if encrypt else ports.ledger,
             timers=ports.timers,
             dlq=self.dlq,
             claims=ports.claims,
@@ -131,6 +140,8 @@ class Worker:
             telemetry=ports.telemetry,
             tracer=ports.tracer,
             approvals=approvals,
+            cipher=cipher,
+            encrypt=encrypt,
         )
         # Milliseconds per acknowledged append (one per step), for benchmarks.
         self.append_ms = self.ctx.append_ms

@@ -240,11 +240,12 @@ def provide_input(
     no_wait: bool,
 ) -> None:
     """Give RUN the input it waits for (or settle an uncertain effect's result)."""
-    from es_agents.core.commands import ProvideInput  # noqa: PLC0415
-
     _require_json(input_json, "--input")
-    command = ProvideInput(run_id=run_id, by=by, input_json=input_json)
-    _decide(command, wait_seconds, no_wait)
+    with client() as c:  # encrypted under the run's key when a master key is set
+        result = c.provide_input(
+            run_id, by, input_json, wait=0 if no_wait else wait_seconds
+        )
+    _report(result)
 
 
 @cli.command()
@@ -265,3 +266,41 @@ def cancel(
 
     command = Cancel(run_id=run_id, by=by, reason=reason)
     _decide(command, wait_seconds, no_wait)
+
+
+@cli.command()
+@click.argument("run_id")
+@output_option
+def forget(run_id: str) -> None:
+    """Destroy a finished run's data key (its agent encrypts its payloads): its
+    completions, tool arguments and results, input and output become unreadable
+    everywhere -- log, object store, projections, snapshots -- while its events'
+    structure, hashes and status stay. Exit 1 for a run that is still going (cancel
+    it first) or has no key."""
+    from es_agents.core.step import Refused  # noqa: PLC0415
+
+    with client() as c:
+        try:
+            forgotten = c.forget(run_id)
+        except Refused as e:
+            _forget_refused(run_id, str(e))
+            return
+    if not forgotten:
+        _forget_refused(
+            run_id,
+            "it has no data key (its agent does not encrypt, or it was "
+            "forgotten before)",
+        )
+        return
+    if machine():
+        emit({"run_id": run_id, "forgotten": True})
+    else:
+        click.echo(f"{run_id}: forgotten", err=True)
+
+
+def _forget_refused(run_id: str, reason: str) -> None:
+    if machine():
+        emit({"run_id": run_id, "forgotten": False, "reason": reason})
+    else:
+        click.echo(f"forget {run_id}: refused ({reason})", err=True)
+    sys.exit(EXIT_REFUSED)

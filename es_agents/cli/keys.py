@@ -119,3 +119,62 @@ def _row(key: Any) -> dict[str, Any]:
         "roles": sorted(key.roles),
         "revoked": key.revoked,
     }
+
+
+@cli.group()
+def vault() -> None:
+    """The master key that wraps runs' data keys (encrypted agents)."""
+
+
+@vault.command("new-master-key")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write it to this file (mode 0600) instead of printing it.",
+)
+def vault_new_master_key(out: str | None) -> None:
+    """A new random master key (base64 of 32 bytes), for ES_AGENTS_MASTER_KEY or
+    ES_AGENTS_MASTER_KEY_FILE."""
+    from es_agents.vault import new_master_key  # noqa: PLC0415
+
+    key = new_master_key()
+    if out is None:
+        click.echo(key)
+        return
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError as e:
+        raise click.BadParameter(f"{out} exists", param_hint="--out") from e
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    click.echo(f"master key in {out}", err=True)
+
+
+@vault.command("rewrap")
+@click.option(
+    "--old-key-file",
+    type=click.Path(exists=True, dir_okay=False),
+    required=True,
+    help="The master key being retired (the current one is in the settings).",
+)
+@output_option
+def vault_rewrap(old_key_file: str) -> None:
+    """Rotate the master key: wrap every data key wrapped by the old master key
+    under the current one (ES_AGENTS_MASTER_KEY[_FILE]). Payloads are untouched."""
+    from es_agents.app import build_client_ports  # noqa: PLC0415
+    from es_agents.settings import load_settings  # noqa: PLC0415
+    from es_agents.vault import load_master_key  # noqa: PLC0415
+
+    old = load_master_key(None, old_key_file)
+    if old is None:
+        raise click.BadParameter("no key in the file", param_hint="--old-key-file")
+    ports = build_client_ports(load_settings())
+    try:
+        done = ports.vault.rewrap(old)
+    finally:
+        ports.close()
+    if machine():
+        emit({"rewrapped": done})
+    else:
+        click.echo(f"{done} data key(s) now wrapped by the current master key")
