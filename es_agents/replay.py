@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -67,13 +67,17 @@ def check_run(  # noqa: PLR0911 - one return per way the check ends
     projections: Projections,
     run_id: str,
     prices: Mapping[str, ModelPrice],
+    reveal: Callable[[Event], Event] | None = None,
 ) -> RunCheck:
+    """Fold the run's log and compare the projection with it; ``reveal`` decrypts
+    encrypted payloads for the timeline (the checks use the events as written)."""
     try:  # claim-checked payloads read back, hash-checked
         sealed = log.read_sealed(run_id)
     except DecodeError as e:
         return RunCheck(run_id, [], [], None, mismatch=f"the log does not decode: {e}")
     events = [s.event for s in sealed]
-    check = RunCheck(run_id, events, timeline(events, prices), None)
+    shown = [reveal(e) for e in events] if reveal is not None else events
+    check = RunCheck(run_id, events, timeline(shown, prices), None)
     if not events:
         return check
     chain = ChainCheck(run_id, keep_heads=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from pydantic import BaseModel, JsonValue
 from es_agents.agent import ToolAgent
 from es_agents.core.approvals import ApprovalPolicy
 from es_agents.core.state import RunState
-from es_agents.core.step import Finish, Interrupt, PatchState, Step
+from es_agents.core.step import Finish, Interrupt, Message, PatchState, Step
 from es_agents.core.versions import StateMigration
 from es_agents.lab import research
 from es_agents.models import Completion, ModelClient, ScriptedModel, call, reply
@@ -415,4 +416,35 @@ four_eyes = ToolAgent(
         model_id="scripted-payer",
     ),
     tool_list=[wire],
+)
+
+
+# -- encryption at rest: an agent whose payloads are written encrypted ---------------
+class KeepArgs(BaseModel):
+    note: str
+
+
+@tool(KeepArgs)
+def keep(args: KeepArgs, ctx: ToolContext) -> JsonValue:
+    """Keeps a note (a side effect without a key: its result is in the dedupe table);
+    the result is long enough to be claim-checked at a 1 KB threshold."""
+    return {"kept": args.note, "copies": [args.note] * 60}
+
+
+def _secret(messages: Sequence[Message]) -> str:
+    return str(json.loads(str(messages[1]["content"]))["secret"])
+
+
+sealed = ToolAgent(
+    name="sealed",
+    system_prompt="Keep the note.",
+    model=ScriptedModel(
+        [
+            lambda messages: call("keep", "k1", note=_secret(messages)),
+            lambda messages: reply(f"kept {_secret(messages)}"),
+        ],
+        model_id="scripted-keeper",
+    ),
+    tool_list=[keep],
+    encrypted=True,
 )

@@ -49,12 +49,25 @@ def replay(run_id: str, record_to: str | None) -> None:
     from es_agents.app import build_client_ports  # noqa: PLC0415
     from es_agents.replay import check_run  # noqa: PLC0415
     from es_agents.settings import load_settings  # noqa: PLC0415
+    from es_agents.vault import FORGOTTEN, Cipher  # noqa: PLC0415
 
     settings = load_settings()
     # Payloads are read back and hash-checked by the claim check.
     ports = build_client_ports(settings)
     try:
-        check = check_run(ports.log, ports.projections, run_id, settings.prices)
+        cipher = Cipher(ports.vault)
+        check = check_run(
+            ports.log,
+            ports.projections,
+            run_id,
+            settings.prices,
+            lambda event: cipher.reveal(run_id, event),
+        )
+        if ports.vault.forgotten(run_id):
+            check.notes.append(
+                "forgotten: its data key was destroyed, so its payloads read "
+                f"{FORGOTTEN!r}; its events, hashes and status are intact"
+            )
     finally:
         ports.close()
     if not check.events and check.mismatch is None:
