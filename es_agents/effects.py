@@ -103,10 +103,16 @@ def _call(  # noqa: PLR0911 - one return per outcome of a call
     args: dict[str, JsonValue],
     ctx: ToolContext,
 ) -> tuple[str | None, str | None]:
+    redactor = loop.ctx.redactor
     try:
+        if redactor is not None:  # the tool gets its secrets' real values
+            args = redactor.open_args(ctx.run_id, args)
         for tried in retrying(TOOL_TRIES, on=(RetryableToolError,), maximum=2.0):
             with tried:
-                result = canonical_json(_run_tool(tool, args, ctx))
+                value = _run_tool(tool, args, ctx)
+                if redactor is not None:  # and what it returns as secret is sealed
+                    value = redactor.seal_result(ctx.run_id, value)
+                result = canonical_json(value)
     except _TimedOut:
         if tool.side_effect:  # it may still happen: a person decides
             return _UNCERTAIN, f"timed out after {tool.timeout} s"

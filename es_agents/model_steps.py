@@ -62,10 +62,13 @@ def call_model(loop: RunLoop, state: RunState, step: CallModel, attempt: int) ->
     except RetryableToolError as e:  # e.g. an answer that does not parse
         raise RunError("model_error", f"{e} (gave up after {MODEL_TRIES} tries)") from e
     loop.ctx.probe.hit("after_action:model")
+    calls = completion.tool_calls
+    if loop.ctx.redactor is not None:  # secret arguments: tokens from here on
+        calls = loop.ctx.redactor.seal_calls(loop.actor.run_id, calls)
     loop.add(
         ModelResponded,
         content=completion.content,
-        tool_calls=completion.tool_calls,
+        tool_calls=calls,
         finish_reason=completion.finish_reason,
         usage=completion.usage,
         model_id=completion.model_id,

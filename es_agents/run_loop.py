@@ -82,6 +82,7 @@ from es_agents.ports import (
     Probe,
     Timers,
 )
+from es_agents.redaction import Redactor
 from es_agents.resume import RunLoader
 from es_agents.vault import Cipher, encrypted
 
@@ -138,6 +139,7 @@ class RunContext:
     approvals: Approvals | None = None  # the agent's gates with a policy
     cipher: Cipher | None = None  # reveals encrypted payloads (and writes them)
     encrypt: bool = False  # the agent's payloads are written encrypted
+    redactor: Redactor | None = None  # seals secret fields into tokens
 
 
 class Inbox(Protocol):

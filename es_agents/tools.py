@@ -84,8 +84,14 @@ class Tool(Generic[A]):
     def parse(self, args: dict[str, JsonValue]) -> A:
         try:
             return self.args_model.model_validate(args)
-        except ValidationError as e:
-            raise TerminalToolError(f"{self.name}: invalid arguments: {e}") from e
+        except ValidationError as e:  # said without the values: some may be secret
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
+                for err in e.errors(include_url=False, include_input=False)
+            )
+            raise TerminalToolError(
+                f"{self.name}: invalid arguments: {problems}"
+            ) from e
 
     def __call__(self, args: dict[str, JsonValue], ctx: ToolContext) -> JsonValue:
         return self.fn(self.parse(args), ctx)

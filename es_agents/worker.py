@@ -45,6 +45,7 @@ from es_agents.errors import (
 from es_agents.offsets import OffsetTracker
 from es_agents.ownership import Ownership, runs_to_resume
 from es_agents.ports import Decided, Ports, Position
+from es_agents.redaction import Redactor, has_secrets
 from es_agents.resume import RunLoader
 from es_agents.run_loop import RunContext, RunLoop
 from es_agents.settings import Settings
@@ -112,9 +113,14 @@ class Worker:
         approvals = Approvals(policies, ports.keyring) if policies else None
         cipher = Cipher(ports.vault)
         encrypt = encrypts(agent)
-        if encrypt and ports.store != "memory" and settings.master is None:
+        if (
+            (encrypt or has_secrets(agent))
+            and ports.store != "memory"
+            and settings.master is None
+        ):
+            what = "encrypts its payloads" if encrypt else "has secret arguments"
             raise ConfigError(
-                f"agent {agent.name!r} encrypts its payloads: set ES_AGENTS_MASTER_KEY "
+                f"agent {agent.name!r} {what}: set ES_AGENTS_MASTER_KEY "
                 "or ES_AGENTS_MASTER_KEY_FILE (es-agents vault new-master-key)"
             )
         self.ctx = RunContext(
@@ -142,6 +148,7 @@ class Worker:
             approvals=approvals,
             cipher=cipher,
             encrypt=encrypt,
+            redactor=Redactor(cipher, agent.tools),
         )
         # Milliseconds per acknowledged append (one per step), for benchmarks.
         self.append_ms = self.ctx.append_ms

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from pydantic import BaseModel, JsonValue
+from pydantic import BaseModel, JsonValue, SecretStr
 
 from es_agents.agent import ToolAgent
 from es_agents.core.approvals import ApprovalPolicy
@@ -447,4 +447,51 @@ sealed = ToolAgent(
     ),
     tool_list=[keep],
     encrypted=True,
+)
+
+
+# -- secrets: a password in arguments, a token in a result ---------------------------
+PASSWORD = "hunter2-correct-horse"
+TOKEN = "tok-9f8e7d6c5b4a"
+
+
+class LoginArgs(BaseModel):
+    user: str
+    password: SecretStr
+
+
+class SessionArgs(BaseModel):
+    token: SecretStr
+
+
+@tool(LoginArgs, side_effect=False)
+def sign_in(args: LoginArgs, ctx: ToolContext) -> JsonValue:
+    """Signs in; the session token it returns is secret."""
+    ok = args.password.get_secret_value() == PASSWORD
+    return {"token": SecretStr(TOKEN) if ok else None}  # type: ignore[dict-item]
+
+
+@tool(SessionArgs, side_effect=False)
+def whoami(args: SessionArgs, ctx: ToolContext) -> JsonValue:
+    """Says whether the token it received is the real one."""
+    return {"token_ok": args.token.get_secret_value() == TOKEN}
+
+
+def _pass_token(messages: Sequence[Message]) -> Completion:
+    token = json.loads(str(messages[-1]["content"]))["token"]
+    return call("whoami", "w1", token=token)
+
+
+secretive = ToolAgent(
+    name="secretive",
+    system_prompt="Sign in, then check the session.",
+    model=ScriptedModel(
+        [
+            call("sign_in", "s1", user="ann", password=PASSWORD),
+            _pass_token,
+            reply("ok"),
+        ],
+        model_id="scripted-secretive",
+    ),
+    tool_list=[sign_in, whoami],
 )

@@ -212,3 +212,55 @@ def test_no_plaintext_anywhere_and_forget_shreds_it(
     assert key is not None
     assert key[0] is None
     assert key[1] is not None
+
+
+def test_secret_fields_are_sealed_on_the_real_stack(
+    env: dict[str, str], database_url: str, tmp_path: Path
+) -> None:
+    """A password the model puts in a tool's SecretStr argument and a token a tool
+    returns as SecretStr: in no topic, table or object, not in the CLI's output nor
+    the worker's log -- and the tools received the real values."""
+    from tests.agents import PASSWORD, TOKEN  # noqa: PLC0415
+
+    env = {**env, "ES_AGENTS_MASTER_KEY": new_master_key()}
+    log = tmp_path / "worker.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [
+                *CLI,
+                "--log-level",
+                "debug",
+                "worker",
+                "--agent",
+                "tests.agents:secretive",
+            ],
+            cwd=ROOT,
+            env=_env(**env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            started = cli(env, "start", "secretive", "-o", "json")
+            assert started.returncode == 0, started.stderr[-2000:]
+            run = str(json.loads(started.stdout)["run_id"])
+            until(lambda: _status(env, run)["status"] == "completed", what="the end")
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    projected = cli(env, "projector", "--until-caught-up")
+    assert projected.returncode == 0, projected.stderr[-2000:]
+    timeline = cli(env, "show", run, "-o", "jsonl").stdout
+    results = [
+        json.loads(entry["result"])
+        for entry in map(json.loads, timeline.splitlines())
+        if entry["type"] == "tool_returned"
+    ]
+    assert results[-1] == {"token_ok": True}  # whoami got the real token
+    shown = timeline + json.dumps(_status(env, run))
+    for secret in (PASSWORD, TOKEN):
+        marker = secret.encode()
+        assert _in_topics(env, marker) == []
+        assert _in_tables(database_url, marker) == []
+        assert _in_objects(marker)[0] == []
+        assert secret not in shown
+        assert marker not in log.read_bytes()
