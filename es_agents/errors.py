@@ -11,6 +11,10 @@ class ConfigError(EsAgentsError):
     """The settings or the environment are wrong; fix them (CLI exit code 2)."""
 
 
+class Forbidden(EsAgentsError):
+    """The database refused the configured role (least-privilege roles)."""
+
+
 class NotFound(EsAgentsError):
     """No such run (CLI exit code 3)."""
 

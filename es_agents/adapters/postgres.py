@@ -17,7 +17,7 @@ from typing import Any, final
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from es_agents.errors import ConfigError, Unavailable
+from es_agents.errors import ConfigError, Forbidden, Unavailable
 from es_agents.ports import Due, EffectRecord, EffectStatus
 
 _MIGRATION = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
@@ -110,6 +110,11 @@ class Database:
             psycopg.errors.IdleInTransactionSessionTimeout,  # the server ended it
         ) as e:
             raise Unavailable(f"postgres: {e}") from e
+        except psycopg.errors.InsufficientPrivilege as e:
+            raise Forbidden(
+                f"postgres refused: {e.diag.message_primary} (the role in "
+                "ES_AGENTS_DATABASE_URL may not do this; see the README's Security)"
+            ) from e
         except psycopg.errors.UndefinedTable as e:
             raise ConfigError(
                 f"the database has no es-agents tables ({e.diag.message_primary}): "
@@ -117,7 +122,10 @@ class Database:
             ) from e
 
     def migrate(self, dry_run: bool = False) -> list[Migration]:
-        """Apply the migrations not applied yet (each in its own transaction)."""
+        """Apply the migrations not applied yet (each in its own transaction).
+        Up to date, it only reads: a role without DDL rights starts too."""
+        if not dry_run and self._applied() >= {m.version for m in migrations()}:
+            return []
         with self.transaction() as conn:
             # Workers and projectors start together: one migrates, the rest wait.
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (MIGRATION_LOCK,))
@@ -141,6 +149,18 @@ class Database:
                     (migration.version, migration.name),
                 )
         return todo
+
+    def _applied(self) -> set[int]:
+        with self.statement() as conn:
+            found = conn.execute(
+                "SELECT to_regclass('es_schema_migrations') IS NOT NULL"
+            ).fetchone()
+            if not found or not found[0]:
+                return set()
+            return {
+                int(r[0])
+                for r in conn.execute("SELECT version FROM es_schema_migrations")
+            }
 
     def close(self) -> None:
         self.pool.close()

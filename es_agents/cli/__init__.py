@@ -21,7 +21,13 @@ from es_agents.cli.base import (
     echo_json,
     machine,
 )
-from es_agents.errors import ConfigError, EsAgentsError, NotFound, Unavailable
+from es_agents.errors import (
+    ConfigError,
+    EsAgentsError,
+    Forbidden,
+    NotFound,
+    Unavailable,
+)
 
 __all__ = [
     "cli",
@@ -66,6 +72,8 @@ def main() -> None:
         _fail("config", str(e), EXIT_USAGE)
     except NotFound as e:
         _fail("not_found", str(e), EXIT_NOT_FOUND)
+    except Forbidden as e:
+        _fail("forbidden", str(e), EXIT_REFUSED)
     except Unavailable as e:
         _fail("unavailable", str(e), EXIT_UNAVAILABLE)
     except EsAgentsError as e:
