@@ -23,10 +23,22 @@ from es_agents.errors import Unavailable
 class DevKafka:
     name = "kafka"
 
-    def __init__(self, dev: DevSettings) -> None:
+    def __init__(
+        self,
+        dev: DevSettings,
+        *,
+        extra: dict[str, str] | None = None,
+        format_args: tuple[str, ...] = (),
+        lib: Path | None = None,
+    ) -> None:
+        """``extra``: more broker properties (more listeners, TLS, SASL);
+        ``format_args``: more for the storage format (``--add-scram ...``); ``lib``:
+        jars already resolved elsewhere."""
         self.dev = dev
         self.dir = dev.root / "kafka"
-        self.lib = self.dir / f"lib-{KAFKA_VERSION}"
+        self.lib = lib or self.dir / f"lib-{KAFKA_VERSION}"
+        self.extra = extra or {}
+        self.format_args = format_args
         self.data = self.dir / "data"
         self.proc = ManagedProcess(
             "kafka", self.dir / "kafka.pid", self.dir / "broker.log"
@@ -100,6 +112,7 @@ class DevKafka:
             # record (es-agents also sets this on the topics it creates).
             "log.retention.ms": "-1",
             "log.retention.bytes": "-1",
+            **self.extra,
         }
         path = self.dir / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
@@ -134,6 +147,7 @@ class DevKafka:
             return False
         require_free_port(self.dev.host, self.dev.kafka_port, "kafka")
         self.install()
+        self.dir.mkdir(parents=True, exist_ok=True)
         props = self._properties()
         if not (self.data / "meta.properties").exists():
             cluster_id = (
@@ -153,6 +167,7 @@ class DevKafka:
                     "-c",
                     str(props),
                     "--ignore-formatted",
+                    *self.format_args,
                 ),
                 "kafka storage format",
             )

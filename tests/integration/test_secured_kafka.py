@@ -1,0 +1,163 @@
+"""Kafka with SASL/SCRAM over TLS: a broker of this test's own (the dev stack's
+jars), its certificates made by the test, a SCRAM user made at format time. The
+worker, the projector and the CLI reach it with settings from the environment only;
+a wrong password fails within the connect timeout and says why."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.serialization import pkcs12
+from cryptography.x509.oid import NameOID
+
+from es_agents.dev import DevStack
+from es_agents.dev.config import DevSettings
+from es_agents.dev.kafka import DevKafka
+from es_agents.lab.demo import cli, run_worker
+from tests.test_support import free_port
+
+pytestmark = pytest.mark.integration
+
+USER, PASSWORD, STORE_PASSWORD = "es-worker", "scram-secret-1", "store-secret"
+
+
+def _name(common: str) -> x509.Name:
+    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common)])
+
+
+def _certificates(home: Path) -> tuple[Path, Path]:
+    """A CA (PEM, for the clients) and the broker's key and certificate signed by
+    it for 127.0.0.1 (PKCS#12, for the broker)."""
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(_name("es-agents test CA"))
+        .issuer_name(_name("es-agents test CA"))
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(_name("127.0.0.1"))
+        .issuer_name(ca.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - dt.timedelta(minutes=5))
+        .not_valid_after(now + dt.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [
+                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                    x509.DNSName("localhost"),
+                ]
+            ),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    ca_pem = home / "ca.pem"
+    ca_pem.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    store = home / "broker.p12"
+    store.write_bytes(
+        pkcs12.serialize_key_and_certificates(
+            b"broker",
+            key,
+            cert,
+            [ca],
+            serialization.BestAvailableEncryption(STORE_PASSWORD.encode()),
+        )
+    )
+    return ca_pem, store
+
+
+@pytest.fixture
+def secured(dev_stack: DevStack, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A broker whose only client listener is SASL_SSL: (its address, the CA)."""
+    home = tmp_path / "secured"
+    home.mkdir()
+    ca_pem, store = _certificates(home)
+    port, secure_port, controller = free_port(), free_port(), free_port()
+    dev = DevSettings(
+        home=home, kafka_port=port, kafka_controller_port=controller, kafka_heap="256m"
+    )
+    jaas = "org.apache.kafka.common.security.scram.ScramLoginModule required ;"
+    broker = DevKafka(
+        dev,
+        lib=dev_stack.kafka.lib,
+        extra={
+            # PLAINTEXT stays for the broker itself (and its readiness check only).
+            "listeners": f"PLAINTEXT://127.0.0.1:{port},"
+            f"SASL_SSL://127.0.0.1:{secure_port},CONTROLLER://127.0.0.1:{controller}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port},"
+            f"SASL_SSL://127.0.0.1:{secure_port}",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,"
+            "SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+            "sasl.enabled.mechanisms": "SCRAM-SHA-256",
+            "listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config": jaas,
+            "ssl.keystore.type": "PKCS12",
+            "ssl.keystore.location": str(store),
+            "ssl.keystore.password": STORE_PASSWORD,
+            "ssl.key.password": STORE_PASSWORD,
+        },
+        format_args=(
+            "--add-scram",
+            f"SCRAM-SHA-256=[name={USER},password={PASSWORD}]",
+        ),
+    )
+    broker.start()
+    try:
+        yield f"127.0.0.1:{secure_port}", ca_pem
+    finally:
+        broker.stop()
+
+
+def test_worker_projector_and_cli_over_sasl_scram_and_tls(
+    secured: tuple[str, Path], env: dict[str, str]
+) -> None:
+    address, ca = secured
+    env = {
+        **env,
+        "ES_AGENTS_BOOTSTRAP_SERVERS": address,
+        "ES_AGENTS_SECURITY_PROTOCOL": "SASL_SSL",
+        "ES_AGENTS_SASL_MECHANISM": "SCRAM-SHA-256",
+        "ES_AGENTS_SASL_USERNAME": USER,
+        "ES_AGENTS_SASL_PASSWORD": PASSWORD,
+        "ES_AGENTS_SSL_CA_LOCATION": str(ca),
+        "ES_AGENTS_CONNECT_TIMEOUT": "5",
+    }
+    assert cli(env, "topics", "-o", "json").returncode == 0
+    started = cli(env, "start", "research", "--input", '{"topic": "tls"}', "--no-wait")
+    assert started.returncode == 0, started.stderr[-2000:]
+    run = started.stdout.strip()
+    worked = run_worker(env, agent="tests.agents:gated")
+    assert worked.returncode == 0, worked.stderr[-2000:]
+    projected = cli(env, "projector", "--until-caught-up")
+    assert projected.returncode == 0, projected.stderr[-2000:]
+    status = cli(env, "status", run, "-o", "json")
+    assert status.returncode == 0, status.stderr[-2000:]
+    assert json.loads(status.stdout)["status"] == "paused"
+
+    wrong = {**env, "ES_AGENTS_SASL_PASSWORD": "not-the-password"}
+    began = time.monotonic()
+    refused = cli(wrong, "status", run, "-o", "json")
+    took = time.monotonic() - began
+    assert refused.returncode == 4, refused.stdout + refused.stderr[-2000:]
+    assert "Authentication failed" in json.loads(refused.stdout)["error"]
+    assert took < 15, took
+    plain = {**env, "ES_AGENTS_SECURITY_PROTOCOL": "PLAINTEXT"}
+    assert cli(plain, "status", run, "-o", "json").returncode == 4
