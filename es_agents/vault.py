@@ -75,6 +75,8 @@ class Vault(Protocol):
 
     def forgotten(self, run_id: str) -> bool: ...
 
+    def forgotten_runs(self) -> set[str]: ...
+
     def rewrap(self, old: bytes) -> int:
         """Wrap the data keys wrapped by the ``old`` master key under the current
         one; how many."""
@@ -149,6 +151,10 @@ class MemoryVault:
     def forgotten(self, run_id: str) -> bool:
         with self._lock:
             return run_id in self._keys and self._keys[run_id] is None
+
+    def forgotten_runs(self) -> set[str]:
+        with self._lock:
+            return {run for run, key in self._keys.items() if key is None}
 
     def rewrap(self, old: bytes) -> int:
         return 0  # memory keys are not wrapped

@@ -70,6 +70,13 @@ class PostgresVault:
             ).fetchone()
         return bool(row and row[0])
 
+    def forgotten_runs(self) -> set[str]:
+        with self.db.statement() as conn:
+            rows = conn.execute(
+                "SELECT run_id FROM run_keys WHERE forgotten_at IS NOT NULL"
+            ).fetchall()
+        return {str(r[0]) for r in rows}
+
     def rewrap(self, old: bytes) -> int:
         """Wrap every data key wrapped by ``old`` under the current master key."""
         master = self._master()

@@ -157,7 +157,7 @@ def audit(
     ports = build_client_ports(settings)
     try:
         partitions = ports.log.partition_count()
-        report = run_audit(
+        audited = run_audit(
             ports.log,
             ports.projections,
             ports.ledger,
@@ -169,7 +169,10 @@ def audit(
             progress=lambda n, s: click.echo(
                 f"... {n:,} events read ({n / s:,.0f}/s)", err=True
             ),
-        ).to_json()
+        )
+        report = audited.to_json()
+        # Forgotten runs are checked like the others: structure, hashes, status.
+        report["forgotten"] = sorted(set(audited.runs) & ports.vault.forgotten_runs())
     finally:
         ports.close()
     report["store"] = settings.store
@@ -204,6 +207,11 @@ def _print_audit(report: dict[str, Any]) -> None:
         )
     )
     click.echo(f"statuses: {report['statuses']}; waiting: {report['waiting']}")
+    if report["forgotten"]:
+        click.echo(
+            f"forgotten: {len(report['forgotten'])} run(s) whose payloads were "
+            "shredded (their structure, hash chains and status are checked)"
+        )
     if report["fenced_writes_left_out"]:
         click.echo(
             f"{report['fenced_writes_left_out']} events written by fenced workers "

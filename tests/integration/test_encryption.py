@@ -203,8 +203,9 @@ def test_no_plaintext_anywhere_and_forget_shreds_it(
     summary = json.loads(replayed.stdout)["summary"]
     assert summary["chain"]["intact"]
     assert any("forgotten" in note for note in summary["notes"])
-    audited = cli(env, "audit", "--run-prefix", run, "-o", "json")
+    audited = cli(env, "audit", "--run-prefix", run, "--no-bare", "-o", "json")
     assert audited.returncode == 0, audited.stdout[-2000:] + audited.stderr
+    assert json.loads(audited.stdout)["forgotten"] == [run]
     with psycopg.connect(database_url) as conn:
         key = conn.execute(
             "SELECT wrapped, forgotten_at FROM run_keys WHERE run_id = %s", (run,)
