@@ -11,6 +11,7 @@ and of the last step (the transcript is a fold, so they should not grow).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import threading
@@ -36,6 +37,7 @@ from es_agents.core.step import CallTool, Finish, Interrupt, Step
 from es_agents.models import ScriptedModel, call, reply
 from es_agents.settings import Settings, load_settings
 from es_agents.tools import ToolContext, tool
+from es_agents.vault import new_master_key
 
 
 class NoArgs(BaseModel):
@@ -134,6 +136,16 @@ def _bench_steps(
         sizes[event.step] = sizes.get(event.step, 0) + size
     last = chat_steps - 1  # the final step also carries run_completed
 
+    # 2b. The same chat agent with its payloads encrypted (a data key per run).
+    sealed_settings = settings.model_copy(
+        update={"master_key": SecretStr(new_master_key())}
+    )
+    sealed, sealed_acks, _ = _run(
+        sealed_settings, dataclasses.replace(chat_agent(steps), encrypted=True)
+    )
+    sealed_per_step = (sealed[-1].at - sealed[0].at).total_seconds() * 1000 / chat_steps
+    sealed_bytes = sum(len(codec.encode(e)) for e in sealed if e.step == 10)
+
     # 3. The bare store, same settings: two records per acknowledged write.
     record = b"x" * int(statistics.mean(sizes.values()) / 2)
     raw_p50 = statistics.median(_raw_writes(settings, record, steps))
@@ -152,6 +164,10 @@ def _bench_steps(
         "unfenced_append_ack_ms_p50": round(ack_p50["none"], 3),
         "chat_step_ms": round(chat_per_step, 3),
         "chat_append_ack_ms_p50": round(statistics.median(chat_acks), 3),
+        "encrypted_chat_step_ms": round(sealed_per_step, 3),
+        "encrypted_chat_append_ack_ms_p50": round(statistics.median(sealed_acks), 3),
+        "encryption_step_overhead_ms": round(sealed_per_step - chat_per_step, 3),
+        "encrypted_bytes_step_10": sealed_bytes,
         "bytes_step_10": sizes.get(10),
         f"bytes_step_{last}": sizes.get(last),
         "durability": _durability(settings),
@@ -180,6 +196,11 @@ def _bench_steps(
     echo(
         f"chat agent, fenced, {chat_steps} steps: {chat_per_step:.3f} ms per step "
         "(includes the scripted model serializing the growing transcript)"
+    )
+    echo(
+        f"chat agent, encrypted payloads: {sealed_per_step:.3f} ms per step "
+        f"({sealed_per_step - chat_per_step:+.3f} ms), append p50 "
+        f"{statistics.median(sealed_acks):.3f} ms; step 10 = {sealed_bytes} bytes"
     )
     echo(
         f"log bytes per step: step 10 = {sizes.get(10)}, "
