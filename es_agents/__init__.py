@@ -19,6 +19,9 @@ _LAZY = {
     "RunState": "es_agents.core",
     "fold": "es_agents.core",
     "replay": "es_agents.core",
+    "ApprovalPolicy": "es_agents.core.approvals",
+    "SigningKey": "es_agents.approvals",
+    "Forbidden": "es_agents.errors",
     "AsyncClient": "es_agents.async_client",
     "Client": "es_agents.client",
     "CommandResult": "es_agents.client",
@@ -32,6 +35,7 @@ _LAZY = {
 }
 
 __all__ = [
+    "ApprovalPolicy",
     "AsyncClient",
     "AvroCodec",
     "Client",
@@ -39,12 +43,14 @@ __all__ = [
     "CommandResult",
     "EsAgentsError",
     "Event",
+    "Forbidden",
     "KafkaSettings",
     "NotFound",
     "RunState",
     "RunView",
     "SchemaCatalog",
     "Settings",
+    "SigningKey",
     "Unavailable",
     "__version__",
     "fold",
@@ -53,11 +59,13 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from es_agents.approvals import SigningKey
     from es_agents.async_client import AsyncClient
     from es_agents.client import Client, CommandResult, RunView
     from es_agents.codec import AvroCodec, SchemaCatalog
     from es_agents.core import Command, Event, RunState, fold, replay
-    from es_agents.errors import EsAgentsError, NotFound, Unavailable
+    from es_agents.core.approvals import ApprovalPolicy
+    from es_agents.errors import EsAgentsError, Forbidden, NotFound, Unavailable
     from es_agents.settings import KafkaSettings, Settings, load_settings
 
 
