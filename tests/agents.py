@@ -495,3 +495,18 @@ secretive = ToolAgent(
     ),
     tool_list=[sign_in, whoami],
 )
+
+
+four_eyes_twice = ToolAgent(
+    name="four-eyes-twice",
+    system_prompt="Pay two invoices.",
+    model=ScriptedModel(
+        [
+            call("wire", "w1", amount=1200, to="ACME"),
+            call("wire", "w2", amount=300, to="Initech"),
+            reply("paid"),
+        ],
+        model_id="scripted-payer",
+    ),
+    tool_list=[wire],
+)

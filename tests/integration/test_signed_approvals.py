@@ -7,12 +7,23 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import replace
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
+from es_agents.app import build_client_ports
+from es_agents.approvals import SigningKey, new_key
+from es_agents.client import Client
+from es_agents.core.approvals import Pause, pause_of
+from es_agents.core.commands import Approve
 from es_agents.core.events import ApprovalRecorded, DecisionRefused, Resumed
+from es_agents.core.step import args_hash
 from es_agents.lab.demo import cli
+from es_agents.settings import KafkaSettings, Settings
 from tests.integration.test_commands import until, worker
 
 pytestmark = pytest.mark.integration
@@ -105,3 +116,91 @@ def test_four_eyes_signed_from_the_shell(env: dict[str, str], tmp_path: Path) ->
     resumed = [e for e in events if e["type"] == Resumed.wire_name]
     assert [(e["reason"], e["by"]) for e in resumed] == [("approved", "bob")]
     assert kinds.count("tool_returned") == 1
+
+
+def test_forged_altered_expired_and_replayed_decisions_on_the_real_stack(
+    env: dict[str, str], kafka_settings: KafkaSettings, database_url: str
+) -> None:
+    """The refusals that need a hand-made command, sent to a worker process: a
+    forged signature, a decision altered after signing, one for other arguments, an
+    expired one, an unknown key, and a valid decision replayed on a later pause."""
+    settings = Settings(kafka=kafka_settings, database_url=SecretStr(database_url))
+    ports = build_client_ports(settings)
+    ports.migrate()
+    keys: dict[str, SigningKey] = {}
+    for name, roles in (("alice", ()), ("bob", ("finance",)), ("mallory", ())):
+        pem, key = new_key(name, frozenset(roles))
+        ports.keyring.add(key)
+        keys[name] = SigningKey.load(pem)
+    ports.close()
+    stranger = SigningKey.load(new_key("alice", frozenset())[0])  # not registered
+
+    def signed(key: SigningKey, pause: Pause, by: str, **kw: Any) -> Approve:
+        signature, expires = key.sign(
+            pause, "approved", by, kw.pop("valid_for", timedelta(minutes=5))
+        )
+        return Approve(
+            run_id=pause.run_id,
+            by=by,
+            key_id=key.key_id,
+            signature=signature,
+            expires_at=expires,
+            **kw,
+        )
+
+    with worker(env, "tests.agents:four_eyes_twice"), Client(settings) as client:
+        run = client.start("four-eyes-twice").run_id
+
+        def pause_now() -> Pause | None:
+            view = client.status(run)
+            return pause_of(view.state) if view.state is not None else None
+
+        until(lambda: pause_now() is not None, what="the first gate")
+        first = pause_now()
+        assert first is not None
+        good = signed(keys["alice"], first, "alice")
+        other_args = replace(first, args_hash=args_hash('{"amount": 1}'))
+        cases = [
+            (
+                good.model_copy(
+                    update={
+                        "signature": signed(keys["mallory"], first, "alice").signature,
+                        "command_id": "forged-" + run,
+                    }
+                ),
+                "does not match",  # forged
+            ),
+            (
+                good.model_copy(
+                    update={
+                        "expires_at": good.expires_at + timedelta(hours=1),  # type: ignore[operator]
+                        "command_id": "altered-" + run,
+                    }
+                ),
+                "does not match",  # altered after signing
+            ),
+            (signed(keys["alice"], other_args, "alice"), "does not match"),
+            (
+                signed(keys["alice"], first, "alice", valid_for=timedelta(seconds=-1)),
+                "expired",
+            ),
+            (signed(stranger, first, "alice"), "unknown key"),
+        ]
+        for command, reason in cases:
+            result = client.send(command)
+            assert result.status == "refused", (reason, result)
+            assert reason in (result.reason or ""), (reason, result)
+        for approval in (good, signed(keys["bob"], first, "bob")):
+            assert client.send(approval).status == "applied"
+        until(
+            lambda: (p := pause_now()) is not None and p.seq > first.seq,
+            what="the second gate",
+        )
+        replayed = good.model_copy(update={"command_id": "replayed-" + run})
+        result = client.send(replayed)
+        assert result.status == "refused"
+        assert "does not match" in (result.reason or "")
+        client.cancel(run, by="test")
+        events = client.events(run)
+    refused = [e for e in events if isinstance(e, DecisionRefused)]
+    assert len(refused) == len(cases) + 1

@@ -8,10 +8,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from pydantic import BaseModel, JsonValue
+from pydantic import BaseModel, JsonValue, SecretStr
 
 from es_agents.agent import ToolAgent
+from es_agents.client import Client
 from es_agents.core.approvals import pause_of
+from es_agents.core.commands import ProvideInput
 from es_agents.core.events import (
     Interrupted,
     ModelResponded,
@@ -19,7 +21,8 @@ from es_agents.core.events import (
     ToolCallRequested,
     ToolReturned,
 )
-from es_agents.core.step import args_hash
+from es_agents.core.state import RunState
+from es_agents.core.step import Finish, Interrupt, Step, args_hash
 from es_agents.errors import ConfigError
 from es_agents.models import ScriptedModel, call, reply
 from es_agents.testing import AgentHarness
@@ -31,6 +34,7 @@ from es_agents.vault import (
     MemoryVault,
     encrypted,
     load_master_key,
+    new_master_key,
     unwrap,
     wrap,
 )
@@ -132,3 +136,42 @@ def test_the_master_key_wraps_data_keys() -> None:
         unwrap(bytes(32), "run-a", wrapped)
     with pytest.raises(ConfigError, match="32 bytes"):
         load_master_key(base64.b64encode(b"short").decode(), None)
+
+
+class Asker:
+    """Asks a person for input, then finishes with it; its payloads encrypted."""
+
+    name = "asker"
+    model = None
+    tools: dict[str, Any] = {}  # noqa: RUF012 - read-only
+    encrypted = True
+
+    def plan(self, state: RunState) -> Step:
+        if state.last_resume is not None and state.last_resume.input_json:
+            return Finish({"heard": state.last_resume.input_json})
+        return Interrupt("awaiting_input", detail={"question": "your secret?"})
+
+    def versions(self) -> dict[str, str | int]:
+        return {"agent_version": "asker@1"}
+
+
+def test_a_clients_input_travels_encrypted_and_comes_back_plain(
+    es_harness: Callable[[Any], AgentHarness],
+) -> None:
+    h = es_harness(Asker())
+    settings = h.settings.model_copy(update={"master_key": SecretStr(new_master_key())})
+    client = Client(settings, ports=h.ports)
+    started = client.start("asker", '{"topic": "sealed start"}', wait=0)
+    run_id = started.run_id
+    h.run()
+    answer = client.provide_input(run_id, "ann", '{"pin": "4242"}', wait=0)
+    assert answer.status == "queued"
+    assert isinstance(answer.command, ProvideInput)
+    assert answer.command.input_json.startswith(PREFIX)  # encrypted by the client
+    h.run()
+    events = h.events(run_id)
+    assert all("4242" not in repr(e) and "sealed start" not in repr(e) for e in events)
+    view = client.status(run_id)
+    assert view.status == "completed"
+    assert view.state is not None
+    assert "4242" in (view.state.output_json or "")  # the client reveals it
