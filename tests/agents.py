@@ -24,6 +24,7 @@ from es_agents.core.state import RunState
 from es_agents.core.step import Finish, Interrupt, Message, PatchState, Step
 from es_agents.core.versions import StateMigration
 from es_agents.lab import research
+from es_agents.lab.bench import ToolLoop
 from es_agents.models import Completion, ModelClient, ScriptedModel, call, reply
 from es_agents.tools import Tool, ToolContext, tool
 
@@ -510,3 +511,7 @@ four_eyes_twice = ToolAgent(
     ),
     tool_list=[wire],
 )
+
+
+# -- a steady load: many no-op tool steps per run (the cluster's broker-loss test) ---
+steady = ToolLoop(1_000_000)  # until cancelled

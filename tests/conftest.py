@@ -48,10 +48,13 @@ def kafka_settings(dev_stack: object, request: pytest.FixtureRequest) -> KafkaSe
     full = request.node.name
     digest = hashlib.sha256(full.encode()).hexdigest()[:6]
     name = full.replace("[", "-").replace("]", "")[:50] + "-" + digest
+    replicas, min_isr = dev_stack.dev.replication  # a cluster: replicated topics
     settings = KafkaSettings(
         bootstrap_servers=dev_stack.dev.kafka_bootstrap,
         topic_prefix=f"t{SESSION}.{name}",
         partitions=int(os.environ.get("ES_AGENTS_TEST_PARTITIONS", "3")),
+        replication_factor=replicas,
+        min_insync_replicas=min_isr,
     )
     ensure_topics(settings)
     return settings

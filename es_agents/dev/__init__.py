@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
+from es_agents.dev import cluster
 from es_agents.dev.config import KAFKA_VERSION, S3PROXY_VERSION, DevSettings
 from es_agents.dev.kafka import DevKafka
 from es_agents.dev.postgres import DevPostgres
@@ -46,19 +47,26 @@ class ServiceStatus:
 class DevStack:
     def __init__(self, dev: DevSettings | None = None) -> None:
         self.dev = dev if dev is not None else DevSettings()
-        self.kafka = DevKafka(self.dev)
+        self.brokers = [
+            DevKafka(self.dev, node=n) for n in range(1, self.dev.brokers + 1)
+        ]
+        self.kafka = self.brokers[0]
         self.postgres = DevPostgres(self.dev)
         self.s3 = DevS3(self.dev)
 
     @property
     def services(self) -> list[Service]:
-        return [self.kafka, self.postgres, self.s3]
+        return [*self.brokers, self.postgres, self.s3]
 
     def up(self, log: Callable[[str], None] = print) -> float:
-        """Start what is not running (in parallel); return the seconds it took."""
+        """Start what is not running (in parallel: a cluster's nodes wait for each
+        other's quorum); return the seconds it took."""
         started = time.monotonic()
         self.dev.root.mkdir(parents=True, exist_ok=True)
-        with ThreadPoolExecutor(max_workers=3) as pool:
+        cluster.prepare(self.dev)  # the broker count (for status, down), cluster id
+        if len(self.brokers) > 1:
+            self.kafka.install()  # once, before the nodes start together
+        with ThreadPoolExecutor(max_workers=len(self.services)) as pool:
             results = {s.name: pool.submit(s.start) for s in self.services}
             for name, future in results.items():
                 log(f"{name}: {'started' if future.result() else 'already running'}")

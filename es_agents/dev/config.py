@@ -23,6 +23,9 @@ class DevSettings(BaseSettings):
     kafka_port: int = 19092
     kafka_controller_port: int = 19093
     kafka_heap: str = "512m"
+    # Brokers of the local cluster (``dev up --brokers 3``); unset: what the stack's
+    # home says it was made with, else 1. Node i listens on kafka_port + 100*(i-1).
+    kafka_brokers: int | None = Field(default=None, ge=1, le=9)
     postgres_port: int = 55432
     postgres_fsync: bool = True
     s3_port: int = 19000
@@ -35,8 +38,28 @@ class DevSettings(BaseSettings):
         return self.home.resolve()
 
     @property
+    def brokers(self) -> int:
+        if self.kafka_brokers is not None:
+            return self.kafka_brokers
+        recorded = self.root / "kafka" / "brokers"
+        return int(recorded.read_text()) if recorded.exists() else 1
+
+    def kafka_ports(self, node: int) -> tuple[int, int]:
+        """(client port, controller port) of broker ``node`` (1-based)."""
+        step = 100 * (node - 1)
+        return self.kafka_port + step, self.kafka_controller_port + step
+
+    @property
     def kafka_bootstrap(self) -> str:
-        return f"{self.host}:{self.kafka_port}"
+        return ",".join(
+            f"{self.host}:{self.kafka_ports(n)[0]}" for n in range(1, self.brokers + 1)
+        )
+
+    @property
+    def replication(self) -> tuple[int, int]:
+        """(replication factor, min.insync.replicas) for this many brokers."""
+        n = self.brokers
+        return min(n, 3), 2 if n >= 3 else 1
 
     @property
     def database_url(self) -> str:

@@ -1,10 +1,13 @@
-"""A single-node Apache Kafka (KRaft, combined broker+controller) from Maven jars."""
+"""Apache Kafka (KRaft, combined broker+controller nodes) from Maven jars: one node,
+or node ``i`` of a local cluster (``dev up --brokers 3``)."""
 
 from __future__ import annotations
 
+import base64
 import shutil
 import signal
 import socket
+import uuid
 from importlib import resources
 from pathlib import Path
 
@@ -27,26 +30,32 @@ class DevKafka:
         self,
         dev: DevSettings,
         *,
+        node: int = 1,
         extra: dict[str, str] | None = None,
         format_args: tuple[str, ...] = (),
         lib: Path | None = None,
     ) -> None:
-        """``extra``: more broker properties (more listeners, TLS, SASL);
-        ``format_args``: more for the storage format (``--add-scram ...``); ``lib``:
-        jars already resolved elsewhere."""
+        """``node``: this broker's id in a cluster of ``dev.brokers``; ``extra``:
+        more broker properties (listeners, TLS, SASL); ``format_args``: more for the
+        storage format (``--add-scram ...``); ``lib``: jars resolved elsewhere."""
         self.dev = dev
-        self.dir = dev.root / "kafka"
-        self.lib = lib or self.dir / f"lib-{KAFKA_VERSION}"
+        self.node = node
+        self.cluster = dev.brokers > 1
+        self.port, self.controller_port = dev.kafka_ports(node)
+        home = dev.root / "kafka"
+        self.dir = home / f"node-{node}" if self.cluster else home
+        self.name = f"kafka-{node}" if self.cluster else "kafka"
+        self.lib = lib or home / f"lib-{KAFKA_VERSION}"
         self.extra = extra or {}
         self.format_args = format_args
         self.data = self.dir / "data"
         self.proc = ManagedProcess(
-            "kafka", self.dir / "kafka.pid", self.dir / "broker.log"
+            self.name, self.dir / "kafka.pid", self.dir / "broker.log"
         )
 
     @property
     def endpoint(self) -> str:
-        return self.dev.kafka_bootstrap
+        return f"{self.dev.host}:{self.port}"
 
     def install(self) -> None:
         """Resolve the broker's jars from Maven Central once; later calls are free."""
@@ -55,8 +64,8 @@ class DevKafka:
             return
         require_tool("java", ["openjdk-17-jre-headless"])
         mvn = require_tool("mvn", ["maven"])
-        self.dir.mkdir(parents=True, exist_ok=True)
-        pom = self.dir / "pom.xml"
+        self.lib.parent.mkdir(parents=True, exist_ok=True)
+        pom = self.lib.parent / "pom.xml"
         pom.write_text(
             resources.files("es_agents.dev")
             .joinpath("assets/kafka-pom.xml")
@@ -83,13 +92,17 @@ class DevKafka:
 
     def _properties(self) -> Path:
         d = self.dev
+        voters = ",".join(
+            f"{n}@{d.host}:{d.kafka_ports(n)[1]}" for n in range(1, d.brokers + 1)
+        )
+        replicas, min_isr = (str(v) for v in d.replication)
         props = {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@{d.host}:{d.kafka_controller_port}",
-            "listeners": f"PLAINTEXT://{d.host}:{d.kafka_port},"
-            f"CONTROLLER://{d.host}:{d.kafka_controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{d.host}:{d.kafka_port}",
+            "node.id": str(self.node),
+            "controller.quorum.voters": voters,
+            "listeners": f"PLAINTEXT://{d.host}:{self.port},"
+            f"CONTROLLER://{d.host}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{d.host}:{self.port}",
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
             "listener.security.protocol.map": (
@@ -98,14 +111,15 @@ class DevKafka:
             "log.dirs": str(self.data),
             "num.partitions": "1",
             "auto.create.topics.enable": "false",
-            "offsets.topic.replication.factor": "1",
+            "offsets.topic.replication.factor": replicas,
             "offsets.topic.num.partitions": "1",
-            "transaction.state.log.replication.factor": "1",
-            "transaction.state.log.min.isr": "1",
+            "transaction.state.log.replication.factor": replicas,
+            "transaction.state.log.min.isr": min_isr,
             "transaction.state.log.num.partitions": "1",
-            "share.coordinator.state.topic.replication.factor": "1",
-            "share.coordinator.state.topic.min.isr": "1",
-            "min.insync.replicas": "1",
+            "share.coordinator.state.topic.replication.factor": replicas,
+            "share.coordinator.state.topic.min.isr": min_isr,
+            "default.replication.factor": replicas,
+            "min.insync.replicas": min_isr,
             "group.initial.rebalance.delay.ms": "0",
             "log.cleaner.backoff.ms": "1000",
             # The log is the system of record: topics created by anyone keep every
@@ -145,19 +159,12 @@ class DevKafka:
         if self.proc.pid() is not None:
             self.wait_ready()
             return False
-        require_free_port(self.dev.host, self.dev.kafka_port, "kafka")
+        require_free_port(self.dev.host, self.port, self.name)
         self.install()
         self.dir.mkdir(parents=True, exist_ok=True)
         props = self._properties()
         if not (self.data / "meta.properties").exists():
-            cluster_id = (
-                run(
-                    self._java("kafka.tools.StorageTool", "random-uuid"),
-                    "kafka storage random-uuid",
-                )
-                .strip()
-                .splitlines()[-1]
-            )
+            cluster_id = self._cluster_id()
             run(
                 self._java(
                     "kafka.tools.StorageTool",
@@ -175,11 +182,18 @@ class DevKafka:
         self.wait_ready()
         return True
 
+    def _cluster_id(self) -> str:
+        """A new id for a lone broker; the one the cluster's nodes share."""
+        if not self.cluster:
+            return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        shared = self.dir.parent / "cluster.id"
+        if not shared.exists():  # DevStack writes it before starting the nodes
+            raise Unavailable(f"{shared} is missing: start the cluster with dev up")
+        return shared.read_text().strip()
+
     def answers(self) -> bool:
         try:
-            with socket.create_connection(
-                (self.dev.host, self.dev.kafka_port), timeout=0.5
-            ):
+            with socket.create_connection((self.dev.host, self.port), timeout=0.5):
                 pass
         except OSError:
             return False
@@ -211,7 +225,7 @@ class DevKafka:
         self.proc.send_signal(sig)
         # A JVM's main thread shows as a zombie while its other threads still hold
         # the sockets: wait for the listener to go, too.
-        host, port = self.dev.host, self.dev.kafka_port
+        host, port = self.dev.host, self.port
         if not wait_for(
             lambda: self.proc.pid() is None and not port_open(host, port), 30
         ):

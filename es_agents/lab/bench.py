@@ -263,9 +263,16 @@ def _raw_writes(settings: Settings, record: bytes, n: int) -> list[float]:
 
 def _durability(settings: Settings) -> str:
     if settings.store != "postgres":
-        if settings.kafka.topic_config.get("flush.messages") == "1":
-            return "acks=all, single broker, fsync per message (flush.messages=1)"
-        return "acks=all, single broker, page cache (no fsync per message)"
+        k = settings.kafka
+        brokers = (
+            "single broker"
+            if k.replication_factor == 1
+            else f"replication factor {k.replication_factor}, "
+            f"min.insync.replicas {k.min_insync_replicas}"
+        )
+        if k.topic_config.get("flush.messages") == "1":
+            return f"acks=all, {brokers}, fsync per message (flush.messages=1)"
+        return f"acks=all, {brokers}, page cache (no fsync per message)"
     with psycopg.connect(settings.database_url.get_secret_value()) as conn:
         fsync = conn.execute("SHOW fsync").fetchone()
         commit = conn.execute("SHOW synchronous_commit").fetchone()

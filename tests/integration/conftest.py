@@ -23,6 +23,8 @@ def env(
 ) -> dict[str, str]:
     return {
         "ES_AGENTS_BOOTSTRAP_SERVERS": kafka_settings.bootstrap_servers,
+        "ES_AGENTS_REPLICATION_FACTOR": str(kafka_settings.replication_factor),
+        "ES_AGENTS_MIN_INSYNC_REPLICAS": str(kafka_settings.min_insync_replicas),
         "ES_AGENTS_TOPIC_PREFIX": kafka_settings.topic_prefix,
         "ES_AGENTS_PARTITIONS": str(kafka_settings.partitions),
         "ES_AGENTS_DATABASE_URL": database_url,

@@ -1,0 +1,65 @@
+"""A local Kafka cluster's nodes (``dev up --brokers 3``): starting them together,
+and who leads what -- for the cluster's tests and chaos faults."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+from es_agents.dev.config import DevSettings
+from es_agents.dev.kafka import DevKafka
+
+
+def prepare(dev: DevSettings) -> None:
+    """Record the broker count, and the cluster id every node formats with."""
+    home = dev.root / "kafka"
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "brokers").write_text(f"{dev.brokers}\n")
+    shared = home / "cluster.id"
+    if dev.brokers > 1 and not shared.exists():
+        shared.write_text(
+            base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        )
+
+
+def start_all(nodes: Sequence[DevKafka]) -> list[bool]:
+    """Start the nodes together (each waits for the others' quorum)."""
+    if nodes:
+        nodes[0].install()
+    with ThreadPoolExecutor(max_workers=max(len(nodes), 1)) as pool:
+        return list(pool.map(lambda node: node.start(), nodes))
+
+
+def leader_of(bootstrap: str, topic: str, partition: int) -> int:
+    """The broker id leading ``topic``'s ``partition`` now."""
+    from confluent_kafka.admin import AdminClient  # noqa: PLC0415
+
+    meta = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
+    return int(meta.topics[topic].partitions[partition].leader)
+
+
+def controller_of(bootstrap: str) -> int:
+    """The broker id of the active controller."""
+    from confluent_kafka.admin import AdminClient  # noqa: PLC0415
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # alive until the answer
+    return int(admin.describe_cluster().result(timeout=10).controller.id)
+
+
+def fully_replicated(bootstrap: str) -> bool:
+    """Every partition's replicas are all in sync (no under-replicated partition):
+    when a rolling restart may take the next broker down."""
+    from confluent_kafka import KafkaException  # noqa: PLC0415
+    from confluent_kafka.admin import AdminClient  # noqa: PLC0415
+
+    try:
+        meta = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
+    except KafkaException:
+        return False
+    return all(
+        len(p.isrs) == len(p.replicas)
+        for topic in meta.topics.values()
+        for p in topic.partitions.values()
+    )
