@@ -126,6 +126,16 @@ class DevKafka:
             # record (es-agents also sets this on the topics it creates).
             "log.retention.ms": "-1",
             "log.retention.bytes": "-1",
+            # A cluster fences a silent broker after 4 s (Kafka's default: 9 s), so
+            # its partitions get new leaders sooner.
+            **(
+                {
+                    "broker.session.timeout.ms": "4000",
+                    "broker.heartbeat.interval.ms": "1000",
+                }
+                if self.cluster
+                else {}
+            ),
             **self.extra,
         }
         path = self.dir / "server.properties"
