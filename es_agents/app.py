@@ -147,6 +147,7 @@ def _kafka_ports(
     from es_agents.adapters.kafka_admin import ensure_topics
     from es_agents.adapters.kafka_epochs import EpochWriter
     from es_agents.adapters.kafka_source import KafkaSource
+    from es_agents.adapters.postgres import check_layout
     from es_agents.dead_letters import DeadLetterQueue
     from es_agents.ownership import LogWriter
 
@@ -166,7 +167,9 @@ def _kafka_ports(
         return LogWriter(log, take_epoch())
 
     def topics() -> dict[str, int]:
-        return ensure_topics(kafka)
+        counts = ensure_topics(kafka)
+        check_layout(db, kafka.topic_prefix, counts[kafka.events_topic])
+        return counts
 
     side = _postgres_read_side(settings, db, log.decode_event)
     return Ports(
@@ -381,11 +384,26 @@ def build_client_ports(settings: Settings) -> Ports:
 
 
 def ensure_topics(settings: Settings, fix_retention: bool = False) -> dict[str, int]:
-    """Create and check the topics (and, on the Postgres store, the tables)."""
+    """Create and check the topics (and, on the Postgres store, the tables); on
+    Kafka, the partition count runs were placed with is recorded, or checked."""
     if settings.store == "kafka":
         from es_agents.adapters.kafka_admin import ensure_topics as kafka_topics
+        from es_agents.adapters.postgres import Database, check_layout
 
-        return kafka_topics(settings.kafka, fix_retention=fix_retention)
+        counts = kafka_topics(settings.kafka, fix_retention=fix_retention)
+        db = Database(
+            settings.database_url.get_secret_value(),
+            max_size=1,
+            timeout=settings.connect_timeout,
+        )
+        try:
+            db.migrate()
+            check_layout(
+                db, settings.kafka.topic_prefix, counts[settings.kafka.events_topic]
+            )
+        finally:
+            db.close()
+        return counts
     ports = build_ports(settings, pool_size=1)
     try:
         return ports.ensure_topics()

@@ -280,3 +280,30 @@ class PostgresTimers:
                 "SELECT due_at, fired_at FROM timers WHERE timer_id = %s", (timer_id,)
             ).fetchone()
         return None if row is None else (row[0], row[1])
+
+
+def check_layout(db: Database, prefix: str, partitions: int) -> None:
+    """Record the partition count runs are placed with (the first time), and refuse
+    another: a run's partition is ``murmur2(run_id) mod count``. (Before the
+    migrations ran there is nothing to check against.)"""
+    with db.transaction() as conn:
+        exists = conn.execute("SELECT to_regclass('topic_layout')").fetchone()
+        if exists is None or exists[0] is None:
+            return
+        conn.execute(
+            "INSERT INTO topic_layout (topic_prefix, partitions) VALUES (%s, %s) "
+            "ON CONFLICT (topic_prefix) DO NOTHING",
+            (prefix, partitions),
+        )
+        row = conn.execute(
+            "SELECT partitions FROM topic_layout WHERE topic_prefix = %s", (prefix,)
+        ).fetchone()
+    recorded = int(row[0]) if row is not None else partitions
+    if recorded != partitions:
+        raise ConfigError(
+            f"the {prefix}.commands and {prefix}.events topics have {partitions} "
+            f"partitions, but runs were placed on {recorded}: a run's partition is "
+            "murmur2(run id) mod the count, so runs would move and their commands "
+            "and events split. Go back to the recorded count, or start new runs "
+            "under a new ES_AGENTS_TOPIC_PREFIX with the count you want."
+        )
