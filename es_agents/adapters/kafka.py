@@ -82,12 +82,18 @@ def _is_eof(msg: Message) -> bool:
     return err is not None and err.code() == KafkaError._PARTITION_EOF
 
 
+# A partition its client does not know yet, or whose leader is changing (a broker of
+# a cluster died): asked again until the metadata catches up.
 _NOT_YET_KNOWN = frozenset(
     {
         KafkaError._UNKNOWN_PARTITION,
         KafkaError.UNKNOWN_TOPIC_OR_PART,
         KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.REPLICA_NOT_AVAILABLE,
+        KafkaError._DESTROY_BROKER,
+        KafkaError._TRANSPORT,
     }
 )
 
@@ -98,8 +104,8 @@ class _NotYetKnown(Exception):
 
 def _watermarks(consumer: Consumer, tp: TopicPartition) -> tuple[int, int]:
     """Low and high watermarks; a topic created a moment ago may take a few hundred
-    milliseconds to reach this client's metadata, so unknown partitions are retried
-    (for up to 10 s, by the retry policy)."""
+    milliseconds to reach this client's metadata, and a partition whose leader died
+    takes a few seconds to get another, so those are retried (for up to 30 s)."""
 
     def ask() -> tuple[int, int]:
         try:
@@ -118,7 +124,7 @@ def _watermarks(consumer: Consumer, tp: TopicPartition) -> tuple[int, int]:
 
     try:
         for tried in retrying(
-            1000, on=(_NotYetKnown,), initial=0.05, maximum=0.2, within=10
+            1000, on=(_NotYetKnown,), initial=0.05, maximum=0.5, within=30
         ):
             with tried:
                 return ask()

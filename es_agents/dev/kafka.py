@@ -127,11 +127,14 @@ class DevKafka:
             "log.retention.ms": "-1",
             "log.retention.bytes": "-1",
             # A cluster fences a silent broker after 4 s (Kafka's default: 9 s), so
-            # its partitions get new leaders sooner.
+            # its partitions get new leaders sooner, and drops a silent follower from
+            # the in-sync replicas after 5 s (default 30 s), so acks=all writes and
+            # the high watermark move on with the two brokers left.
             **(
                 {
                     "broker.session.timeout.ms": "4000",
                     "broker.heartbeat.interval.ms": "1000",
+                    "replica.lag.time.max.ms": "5000",
                 }
                 if self.cluster
                 else {}

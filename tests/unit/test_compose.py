@@ -38,3 +38,15 @@ def test_services_are_checked_and_the_example_app_is_there() -> None:
         assert 'profiles: ["app"]' in services[name], name
     assert "es_agents.lab.research:agent" in services["worker"]
     assert "condition: service_healthy" in services["projector"]
+
+
+def test_the_cluster_profile_has_three_replicated_brokers() -> None:
+    services = _services()
+    voters = "1@kafka-1:9093,2@kafka-2:9093,3@kafka-3:9093"
+    assert f"KAFKA_CONTROLLER_QUORUM_VOTERS: {voters}" in COMPOSE
+    assert "KAFKA_MIN_INSYNC_REPLICAS: 2" in COMPOSE
+    for n in (1, 2, 3):
+        node = services[f"kafka-{n}"]
+        assert 'profiles: ["cluster"]' in node
+        assert f"KAFKA_NODE_ID: {n}" in node
+        assert "healthcheck:" in node

@@ -19,10 +19,12 @@ gates approved, timers fired) until every run has settled, then checks:
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -37,8 +39,9 @@ from pydantic import SecretStr
 from es_agents.app import build_client_ports
 from es_agents.core import RunState, replay
 from es_agents.core.commands import Approve, StartRun
-from es_agents.core.events import Event
+from es_agents.core.events import Event, Interrupted
 from es_agents.dev import DevStack
+from es_agents.dev import cluster as dev_cluster
 from es_agents.errors import EsAgentsError
 from es_agents.lab.chaos.agent import NAME
 from es_agents.lab.chaos.checks import (
@@ -82,8 +85,13 @@ class Chaos:
             )
         self.uid = uuid.uuid4().hex[:8]
         self.rng = random.Random(config.seed)  # noqa: S311 - reproducible, not secret
+        self.cluster = len(self.stack.brokers) > 1
         self.schedule = fault_schedule(
-            config.seed, config.minutes * 60, config.workers, config.mean_gap
+            config.seed,
+            config.minutes * 60,
+            config.workers,
+            config.mean_gap,
+            cluster=self.cluster,
         )
         base = load_settings()
         # On the Postgres store there is no broker to kill: its faults restart
@@ -91,13 +99,18 @@ class Chaos:
         self.store = base.store
         if self.store == "memory":
             raise EsAgentsError("bench chaos needs a store shared by processes")
+        replicas, min_isr = self.stack.dev.replication
         self.kafka = base.kafka.model_copy(
             update={
                 "topic_prefix": f"chaos-{self.uid}",
                 "partitions": config.partitions,
                 "session_timeout_ms": config.session_timeout_ms,
+                "bootstrap_servers": self.stack.dev.kafka_bootstrap,
+                "replication_factor": replicas,
+                "min_insync_replicas": min_isr,
             }
         )
+        self.degraded: list[float] = []  # acks/s while a broker of a cluster is down
         self.database = f"chaos_{self.uid}"
         self.database_url = (
             self.stack.dev.database_url.rsplit("/", 1)[0] + f"/{self.database}"
@@ -125,6 +138,8 @@ class Chaos:
             "ES_AGENTS_BOOTSTRAP_SERVERS": self.kafka.bootstrap_servers,
             "ES_AGENTS_TOPIC_PREFIX": self.kafka.topic_prefix,
             "ES_AGENTS_PARTITIONS": str(self.kafka.partitions),
+            "ES_AGENTS_REPLICATION_FACTOR": str(self.kafka.replication_factor),
+            "ES_AGENTS_MIN_INSYNC_REPLICAS": str(self.kafka.min_insync_replicas),
             "ES_AGENTS_SESSION_TIMEOUT_MS": str(self.config.session_timeout_ms),
             "ES_AGENTS_DATABASE_URL": self.database_url,
             "ES_AGENTS_ACK_JOURNAL": str(self.work / "acks.log"),
@@ -310,6 +325,13 @@ class Chaos:
             with worker.lock:
                 worker.signal(signal.SIGCONT)
                 worker.paused = False
+        elif fault.kind in ("kill_broker", "kill_controller") and self.cluster:
+            self._kill_node(fault.kind)
+        elif fault.kind == "rolling_restart":
+            for node in self.stack.brokers:
+                self._in_sync()
+                node.stop()
+                node.start()
         elif fault.kind == "kill_broker" and self.store == "kafka":
             self.stack.kafka.kill(signal.SIGKILL)
             time.sleep(1.0)
@@ -327,10 +349,42 @@ class Chaos:
         else:
             raise ValueError(f"unknown fault kind {fault.kind!r}")
 
+    def _kill_node(self, kind: str) -> None:
+        """SIGKILL the leader of a busy partition (or the controller); measure the
+        acknowledgements per second while it is down; start it, wait for sync."""
+        bootstrap = self.kafka.bootstrap_servers
+        if kind == "kill_controller":
+            target = dev_cluster.controller_of(bootstrap)
+        else:
+            partition = self.rng.randrange(self.kafka.partitions)
+            target = dev_cluster.leader_of(
+                bootstrap, self.kafka.events_topic, partition
+            )
+        node = next(n for n in self.stack.brokers if n.node == target)
+        self._in_sync()
+        node.kill(signal.SIGKILL)
+        before, began = self._acks(), time.monotonic()
+        time.sleep(8.0)  # two of three serve on
+        self.degraded.append((self._acks() - before) / (time.monotonic() - began))
+        node.start()
+        self._in_sync()
+
+    def _in_sync(self) -> None:
+        deadline = time.monotonic() + 120
+        while not dev_cluster.fully_replicated(self.kafka.bootstrap_servers):
+            if time.monotonic() > deadline:
+                raise EsAgentsError("the cluster did not get back in sync in 120 s")
+            time.sleep(0.5)
+
+    def _acks(self) -> int:
+        journal = self.work / "acks.log"
+        return journal.read_bytes().count(b"\n") if journal.exists() else 0
+
     # -- heal ------------------------------------------------------------------------
     def _heal(self, children: list[Child]) -> tuple[float, bool]:
         started = time.monotonic()
-        self.stack.kafka.start()
+        for node in self.stack.brokers:
+            node.start()
         self.stack.postgres.start()
         for child in children:  # no armed crash point survives into the heal phase
             with child.lock:
@@ -417,6 +471,11 @@ class Chaos:
             "effects": sum(self.effects.effects().values()),
             "acknowledgements_checked": acks,
             "calls_refused_by_fencing_token": sum(self.effects.fenced.values()),
+            "brokers": len(self.stack.brokers),
+            "longest_stall_s": _longest_stall(runs),
+            "acks_per_s_one_broker_down": (
+                round(statistics.median(self.degraded), 1) if self.degraded else None
+            ),
             "violations": {k: len(v) for k, v in violations.items()},
         }
         print_report(self.echo, self.timeline, report, violations)
@@ -434,6 +493,18 @@ class Chaos:
                     continue
                 runs[event.run_id].append(event)
         return runs
+
+
+def _longest_stall(runs: dict[str, list[Event]]) -> float:
+    """The longest time between two events of one run (pauses for a person or a
+    timer left out: they wait on purpose)."""
+    longest = 0.0
+    for events in runs.values():
+        for a, b in itertools.pairwise(events):
+            if isinstance(a, Interrupted):
+                continue
+            longest = max(longest, (b.at - a.at).total_seconds())
+    return round(longest, 2)
 
 
 def _settled(state: tuple[str, str | None, int]) -> bool:

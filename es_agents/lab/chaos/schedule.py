@@ -22,6 +22,12 @@ KINDS = (
     "restart_postgres",  # stop Postgres (fast), start it again
     "kill_projector",  # SIGKILL the projector; a new one starts
 )
+# On a cluster (dev up --brokers 3), kill_broker kills the leader of a busy
+# partition and these join the rounds.
+CLUSTER_KINDS = (
+    "kill_controller",  # SIGKILL the active controller, start it again
+    "rolling_restart",  # stop and start each broker in turn, each back in sync first
+)
 
 # Where a replacement worker SIGKILLs itself (ES_AGENTS_CRASH_AT), the n-th time.
 CRASH_POINTS = (
@@ -47,7 +53,11 @@ class Fault:
 
 
 def fault_schedule(
-    seed: int, seconds: float, workers: int, mean_gap: float = 9.0
+    seed: int,
+    seconds: float,
+    workers: int,
+    mean_gap: float = 9.0,
+    cluster: bool = False,
 ) -> list[Fault]:
     if workers < 1:
         raise ValueError("a chaos run needs at least one worker")
@@ -56,7 +66,7 @@ def fault_schedule(
     gap = rng.uniform(0.3, 0.7) * mean_gap
     total = 0.0
     while True:
-        kinds = list(KINDS)
+        kinds = list(KINDS) + (list(CLUSTER_KINDS) if cluster else [])
         rng.shuffle(kinds)
         for kind in kinds:
             total += gap
