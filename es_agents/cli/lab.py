@@ -103,13 +103,24 @@ def bench_fork_command(events: int, repeats: int) -> None:
 )
 @click.option("--steps", type=int, default=50, show_default=True)
 @click.option("--partitions", type=int, default=4, show_default=True)
-def bench_throughput_command(runs: str, steps: int, partitions: int) -> None:
+@click.option(
+    "--workers",
+    "scale",
+    default="2",
+    show_default=True,
+    help="Worker processes to scale to at the largest round, comma-separated "
+    "(e.g. 2,4); each is compared with one.",
+)
+def bench_throughput_command(
+    runs: str, steps: int, partitions: int, scale: str
+) -> None:
     """Steps/s, events/s, CPU per step and RSS of worker processes with many
-    concurrent runs, vs a bare producer; then two workers (the scaling ratio)."""
+    concurrent runs, vs a bare producer; then more workers (the scaling ratios)."""
     from es_agents.lab.bench_throughput import bench_throughput  # noqa: PLC0415
 
     counts = [int(n) for n in runs.split(",") if n.strip()]
-    bench_throughput(counts, steps, partitions, click.echo)
+    workers = [int(n) for n in scale.split(",") if n.strip()]
+    bench_throughput(counts, steps, partitions, click.echo, workers)
 
 
 @bench.command("growth")

@@ -39,15 +39,22 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def bench_throughput(
-    counts: list[int], steps: int, partitions: int, echo: Callable[[str], None]
+    counts: list[int],
+    steps: int,
+    partitions: int,
+    echo: Callable[[str], None],
+    scale: list[int] | None = None,
 ) -> dict[str, object]:
+    scale = scale or [2]
     with scratch_settings(partitions=partitions) as settings:
         codec = AvroCodec()
         completed = codec.catalog.latest("run_completed").fingerprint
         warm = 4 * partitions  # every partition's writer made, caches warm
         projector = _projector(settings)
         try:
-            rounds, scaled = _rounds(settings, counts, steps, completed, warm, echo)
+            rounds, scaled = _rounds(
+                settings, counts, steps, completed, warm, echo, scale
+            )
         finally:
             projector.terminate()
             projector.wait(30)
@@ -74,10 +81,11 @@ def bench_throughput(
         "steps_per_run": steps,
         "partitions": partitions,
         "one_worker": rounds,
-        "two_workers": {str(largest): scaled},
-        "scaling_two_to_one": round(
-            scaled["steps_per_s"] / one_largest["steps_per_s"], 2
-        ),
+        "workers": {str(n): {str(largest): r} for n, r in scaled.items()},
+        "scaling_to_one": {
+            str(n): round(r["steps_per_s"] / one_largest["steps_per_s"], 2)
+            for n, r in scaled.items()
+        },
         "raw_producer_events_per_s": round(raw),
         "ratio_events_to_raw_at_largest": round(one_largest["events_per_s"] / raw, 3),
     }
@@ -92,7 +100,8 @@ def _rounds(  # noqa: PLR0917 - the bench's own parameters
     completed: bytes,
     warm: int,
     echo: Callable[[str], None],
-) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    scale: list[int],
+) -> tuple[dict[str, dict[str, float]], dict[int, dict[str, float]]]:
     rounds: dict[str, dict[str, float]] = {}
     with _Workers(settings, steps, 1) as one:
         _round(settings, one, warm, steps, completed)
@@ -100,10 +109,12 @@ def _rounds(  # noqa: PLR0917 - the bench's own parameters
             rounds[str(n)] = _round(settings, one, n, steps, completed)
             echo(f"  {n:>5} runs x {steps} steps, 1 worker: {_line(rounds[str(n)])}")
     largest = max(counts)
-    with _Workers(settings, steps, 2) as two:
-        _round(settings, two, warm, steps, completed)
-        scaled = _round(settings, two, largest, steps, completed)
-    echo(f"  {largest:>5} runs x {steps} steps, 2 workers: {_line(scaled)}")
+    scaled: dict[int, dict[str, float]] = {}
+    for n in scale:
+        with _Workers(settings, steps, n) as more:
+            _round(settings, more, warm, steps, completed)
+            scaled[n] = _round(settings, more, largest, steps, completed)
+        echo(f"  {largest:>5} runs x {steps} steps, {n} workers: {_line(scaled[n])}")
     return rounds, scaled
 
 
