@@ -19,7 +19,6 @@ gates approved, timers fired) until every run has settled, then checks:
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import random
@@ -39,9 +38,8 @@ from pydantic import SecretStr
 from es_agents.app import build_client_ports
 from es_agents.core import RunState, replay
 from es_agents.core.commands import Approve, StartRun
-from es_agents.core.events import Event, Interrupted
+from es_agents.core.events import Event
 from es_agents.dev import DevStack
-from es_agents.dev import cluster as dev_cluster
 from es_agents.errors import EsAgentsError
 from es_agents.lab.chaos.agent import NAME
 from es_agents.lab.chaos.checks import (
@@ -49,6 +47,11 @@ from es_agents.lab.chaos.checks import (
     check_model_calls,
     check_projection,
     print_report,
+)
+from es_agents.lab.chaos.cluster_faults import (
+    kill_node,
+    longest_stall,
+    rolling_restart,
 )
 from es_agents.lab.chaos.effects import EffectsService
 from es_agents.lab.chaos.observers import Sender, Watcher
@@ -326,12 +329,11 @@ class Chaos:
                 worker.signal(signal.SIGCONT)
                 worker.paused = False
         elif fault.kind in ("kill_broker", "kill_controller") and self.cluster:
-            self._kill_node(fault.kind)
+            self.degraded.append(
+                kill_node(self.stack, self.kafka, fault.kind, self.rng, self.work)
+            )
         elif fault.kind == "rolling_restart":
-            for node in self.stack.brokers:
-                self._in_sync()
-                node.stop()
-                node.start()
+            rolling_restart(self.stack, self.kafka.bootstrap_servers)
         elif fault.kind == "kill_broker" and self.store == "kafka":
             self.stack.kafka.kill(signal.SIGKILL)
             time.sleep(1.0)
@@ -348,37 +350,6 @@ class Chaos:
                 self.projector.start()
         else:
             raise ValueError(f"unknown fault kind {fault.kind!r}")
-
-    def _kill_node(self, kind: str) -> None:
-        """SIGKILL the leader of a busy partition (or the controller); measure the
-        acknowledgements per second while it is down; start it, wait for sync."""
-        bootstrap = self.kafka.bootstrap_servers
-        if kind == "kill_controller":
-            target = dev_cluster.controller_of(bootstrap)
-        else:
-            partition = self.rng.randrange(self.kafka.partitions)
-            target = dev_cluster.leader_of(
-                bootstrap, self.kafka.events_topic, partition
-            )
-        node = next(n for n in self.stack.brokers if n.node == target)
-        self._in_sync()
-        node.kill(signal.SIGKILL)
-        before, began = self._acks(), time.monotonic()
-        time.sleep(8.0)  # two of three serve on
-        self.degraded.append((self._acks() - before) / (time.monotonic() - began))
-        node.start()
-        self._in_sync()
-
-    def _in_sync(self) -> None:
-        deadline = time.monotonic() + 120
-        while not dev_cluster.fully_replicated(self.kafka.bootstrap_servers):
-            if time.monotonic() > deadline:
-                raise EsAgentsError("the cluster did not get back in sync in 120 s")
-            time.sleep(0.5)
-
-    def _acks(self) -> int:
-        journal = self.work / "acks.log"
-        return journal.read_bytes().count(b"\n") if journal.exists() else 0
 
     # -- heal ------------------------------------------------------------------------
     def _heal(self, children: list[Child]) -> tuple[float, bool]:
@@ -472,7 +443,7 @@ class Chaos:
             "acknowledgements_checked": acks,
             "calls_refused_by_fencing_token": sum(self.effects.fenced.values()),
             "brokers": len(self.stack.brokers),
-            "longest_stall_s": _longest_stall(runs),
+            "longest_stall_s": longest_stall(runs),
             "acks_per_s_one_broker_down": (
                 round(statistics.median(self.degraded), 1) if self.degraded else None
             ),
@@ -493,18 +464,6 @@ class Chaos:
                     continue
                 runs[event.run_id].append(event)
         return runs
-
-
-def _longest_stall(runs: dict[str, list[Event]]) -> float:
-    """The longest time between two events of one run (pauses for a person or a
-    timer left out: they wait on purpose)."""
-    longest = 0.0
-    for events in runs.values():
-        for a, b in itertools.pairwise(events):
-            if isinstance(a, Interrupted):
-                continue
-            longest = max(longest, (b.at - a.at).total_seconds())
-    return round(longest, 2)
 
 
 def _settled(state: tuple[str, str | None, int]) -> bool:
