@@ -35,6 +35,9 @@ from es_agents.settings import KafkaSettings
 log = logging.getLogger(__name__)
 
 _CONFIRM_TIMEOUT = 30.0
+# A read-back with no progress for this long refreshes metadata and fetches again
+# (a partition whose leader died is fetched from its new leader at once).
+_KICK_AFTER = 3.0
 
 
 @final
@@ -75,6 +78,7 @@ class PartitionTail:
         self.fenced_by: int | None = None
         self._error: str | None = None
         self._closed = False
+        self._kick = False  # a reader waits and nothing comes: fetch afresh
         self._thread = threading.Thread(
             target=self._run, daemon=True, name=f"es-tail-p{partition}"
         )
@@ -84,6 +88,12 @@ class PartitionTail:
         consumer = self._consumer
         while not self._closed:
             try:
+                if self._kick:  # e.g. the partition's leader changed: new metadata,
+                    self._kick = False  # and fetch again from where we are
+                    consumer.list_topics(self.topic, timeout=5)
+                    consumer.seek(
+                        TopicPartition(self.topic, self.partition, self.position)
+                    )
                 msgs = consumer.consume(num_messages=1, timeout=0.1)
                 if msgs:
                     msgs += consumer.consume(num_messages=1000, timeout=0)
@@ -115,17 +125,22 @@ class PartitionTail:
         """Return once every record up to ``offset`` was read and none of them is a
         higher claim; raise ``FencedError`` if one is."""
         deadline = time.monotonic() + timeout
+        kick_at = time.monotonic() + _KICK_AFTER
         with self._cond:
             while self.position <= offset and self._error is None:
                 if self.fenced_at is not None:
                     break  # fenced before this append: no need to read further
-                left = deadline - time.monotonic()
+                now = time.monotonic()
+                left = deadline - now
                 if left <= 0:
                     raise AppendError(
                         f"{self.topic}[{self.partition}]: offset {offset} not read "
                         f"back within {timeout:.0f}s (read up to {self.position})"
                     )
-                self._cond.wait(left)
+                if now >= kick_at:
+                    self._kick = True
+                    kick_at = now + _KICK_AFTER
+                self._cond.wait(min(left, _KICK_AFTER))
             if self.fenced_at is not None and self.fenced_at <= offset:
                 raise FencedError(
                     f"{self.topic}[{self.partition}]: fenced: epoch {self.fenced_by} "
