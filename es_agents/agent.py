@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from pydantic import JsonValue
 
 from es_agents.core.approvals import ApprovalPolicy
+from es_agents.core.events import ToolCall
 from es_agents.core.state import RunState
 from es_agents.core.step import (
     CallModel,
@@ -101,28 +102,13 @@ class ToolAgent:
                 decided = state.gate_decisions.get(tool.name) or {}
                 seq = decided.get("seq")
                 if not isinstance(seq, int) or seq < state.last_outcome_seq:
-                    return Interrupt(
-                        reason="awaiting_approval",
-                        gate=tool.name,
-                        detail={
-                            "call_id": call.call_id,
-                            "tool": call.name,
-                            "args_json": call.args_json,
-                        },
-                    )
+                    return _ask_approval(tool.name, call)
                 if decided.get("reason") != "approved":
                     return Finish({"rejected": call.name, "by": decided.get("by")})
                 approved = decided.get("args_hash")
                 if isinstance(approved, str) and approved != args_hash(call.args_json):
-                    return Interrupt(  # the approval was for other arguments: void
-                        reason="awaiting_approval",
-                        gate=tool.name,
-                        detail={
-                            "call_id": call.call_id,
-                            "tool": call.name,
-                            "args_json": call.args_json,
-                            "void": "the arguments changed after the approval",
-                        },
+                    return _ask_approval(  # the approval was for other arguments
+                        tool.name, call, void="the arguments changed after the approval"
                     )
             try:
                 args = json.loads(call.args_json)
@@ -141,6 +127,20 @@ class ToolAgent:
             dict(self.params),
             tuple(t.schema() for t in self.tool_list),
         )
+
+
+def _ask_approval(gate: str, call: ToolCall, **more: str) -> Interrupt:
+    """Pause at ``gate`` for a decision on ``call`` (its tool and arguments)."""
+    return Interrupt(
+        reason="awaiting_approval",
+        gate=gate,
+        detail={
+            "call_id": call.call_id,
+            "tool": call.name,
+            "args_json": call.args_json,
+            **more,
+        },
+    )
 
 
 def declared_gates(agent: Agent) -> frozenset[str] | None:

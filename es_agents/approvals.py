@@ -28,6 +28,7 @@ from es_agents.core.approvals import (
     signed_payload,
 )
 from es_agents.core.commands import Approve, Reject
+from es_agents.core.events import ApprovalRecorded, DecisionRefused, Event
 from es_agents.core.state import RunState
 from es_agents.errors import ConfigError
 
@@ -150,6 +151,16 @@ def verify(public_key: bytes, payload: bytes, signature: bytes) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class Judged:
+    """What a decision on a gate with a policy does: events to add (types and
+    fields), and a refusal's reason or a note for the sender."""
+
+    events: list[tuple[type[Event], dict[str, object]]]
+    refused: str | None = None
+    note: str | None = None
+
+
 @final
 class Approvals:
     """A worker's check of decisions on its agent's gates that have a policy."""
@@ -170,6 +181,42 @@ class Approvals:
         pause = pause_of(state)
         gate = command.gate or (pause.gate if pause is not None else None)
         return self.policies.get(gate) if gate is not None else None
+
+    def judge(self, state: RunState, command: Approve | Reject) -> Judged | None:
+        """The events a decision on a gate with a policy adds to the run: a
+        refusal's record, or an approval counted towards the quorum (none for the
+        one that completes it: ``decide`` resumes the run). None: no policy."""
+        policy = self.policy_for(state, command)
+        if policy is None:
+            return None
+        verdict = self.check(state, command, policy)
+        pause = pause_of(state)
+        gate = command.gate or (pause.gate if pause is not None else None)
+        if verdict.refused is not None:
+            refusal: dict[str, object] = {
+                "gate": gate,
+                "decision": decision_of(command),
+                "by": command.by,
+                "command_id": command.command_id,
+                "key_id": command.key_id,
+                "reason": verdict.refused,
+            }
+            return Judged([(DecisionRefused, refusal)], refused=verdict.refused)
+        if verdict.complete:
+            return Judged([])
+        recorded: dict[str, object] = {
+            "gate": gate,
+            "by": command.by,
+            "command_id": command.command_id,
+            "key_id": command.key_id,
+            "args_hash": pause.args_hash if pause is not None else None,
+        }
+        count = len(pause.approvals) + 1 if pause is not None else 1
+        return Judged(
+            [(ApprovalRecorded, recorded)],
+            note=f"approval {count} of {policy.quorum} recorded; "
+            "the run waits for the others",
+        )
 
     def check(
         self, state: RunState, command: Approve | Reject, policy: ApprovalPolicy

@@ -23,7 +23,6 @@ from typing import Any, Protocol
 
 from es_agents import effects, lifecycle, model_steps
 from es_agents.approvals import Approvals
-from es_agents.core.approvals import decision_of, pause_of
 from es_agents.core.chain import Sealed, seal
 from es_agents.core.commands import (
     Approve,
@@ -34,8 +33,6 @@ from es_agents.core.commands import (
     StartRun,
 )
 from es_agents.core.events import (
-    ApprovalRecorded,
-    DecisionRefused,
     Event,
     Interrupted,
     RunCompleted,
@@ -377,38 +374,14 @@ class RunLoop:
         approvals = self.ctx.approvals
         if approvals is None or command.command_id in state.command_ids:
             return None
-        policy = approvals.policy_for(state, command)
-        if policy is None:
+        judged = approvals.judge(state, command)
+        if judged is None:
             return None
-        verdict = approvals.check(state, command, policy)
-        pause = pause_of(state)
-        gate = command.gate or (pause.gate if pause is not None else None)
-        if verdict.refused is not None:
-            self.add(
-                DecisionRefused,
-                gate=gate,
-                decision=decision_of(command),
-                by=command.by,
-                command_id=command.command_id,
-                key_id=command.key_id,
-                reason=verdict.refused,
-            )
-            raise Refused(verdict.refused)
-        if verdict.complete:
-            return None
-        self.add(
-            ApprovalRecorded,
-            gate=gate,
-            by=command.by,
-            command_id=command.command_id,
-            key_id=command.key_id,
-            args_hash=pause.args_hash if pause is not None else None,
-        )
-        count = len(pause.approvals) + 1 if pause is not None else 1
-        return (
-            f"approval {count} of {policy.quorum} recorded; "
-            "the run waits for the others"
-        )
+        for event_type, fields in judged.events:
+            self.add(event_type, **fields)
+        if judged.refused is not None:
+            raise Refused(judged.refused)
+        return judged.note
 
     def fork(self, command: ForkRun) -> None:
         """This run begins as a copy of the origin's log up to ``at_seq`` (read from

@@ -30,6 +30,7 @@ from tests.test_support import ROOT
 
 pytestmark = pytest.mark.integration
 CLI = (sys.executable, "-m", "es_agents.cli")
+AGENTS = "tests.secure_agents"
 
 
 def _in_topics(env: dict[str, str], marker: bytes) -> list[str]:
@@ -124,6 +125,30 @@ def _status(env: dict[str, str], run: str) -> dict[str, Any]:
     return value
 
 
+def _run_to_end(env: dict[str, str], agent: str, log: Path, *start: str) -> str:
+    """Start a run of ``tests.secure_agents:<agent>`` with a worker logging at debug
+    to ``log``, wait for its completion, project it; its id."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [*CLI, "--log-level", "debug", "worker", "--agent", f"{AGENTS}:{agent}"],
+            cwd=ROOT,
+            env=_env(**env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            started = cli(env, "start", agent, *start, "-o", "json")
+            assert started.returncode == 0, started.stderr[-2000:]
+            run = str(json.loads(started.stdout)["run_id"])
+            until(lambda: _status(env, run)["status"] == "completed", what="the end")
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    projected = cli(env, "projector", "--until-caught-up")
+    assert projected.returncode == 0, projected.stderr[-2000:]
+    return run
+
+
 def _no_plaintext(
     env: dict[str, str],
     without_key: dict[str, str],
@@ -162,31 +187,11 @@ def test_no_plaintext_anywhere_and_forget_shreds_it(
         "ES_AGENTS_SNAPSHOT_EVERY": "2",
     }
     without_key = {k: v for k, v in env.items() if k != "ES_AGENTS_MASTER_KEY"}
-    refused = cli(without_key, "worker", "--agent", "tests.agents:sealed")
+    refused = cli(without_key, "worker", "--agent", "tests.secure_agents:sealed")
     assert refused.returncode != 0
     assert "ES_AGENTS_MASTER_KEY" in refused.stderr
     log = tmp_path / "worker.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [*CLI, "--log-level", "debug", "worker", "--agent", "tests.agents:sealed"],
-            cwd=ROOT,
-            env=_env(**env),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            started = cli(
-                env, "start", "sealed", "--input", json.dumps({"secret": secret}),
-                "-o", "json",
-            )  # fmt: skip
-            assert started.returncode == 0, started.stderr[-2000:]
-            run = str(json.loads(started.stdout)["run_id"])
-            until(lambda: _status(env, run)["status"] == "completed", what="the end")
-        finally:
-            proc.terminate()
-            proc.wait(60)
-    projected = cli(env, "projector", "--until-caught-up")
-    assert projected.returncode == 0, projected.stderr[-2000:]
+    run = _run_to_end(env, "sealed", log, "--input", json.dumps({"secret": secret}))
 
     _no_plaintext(env, without_key, database_url, run, secret)
     assert secret.encode() not in log.read_bytes()
@@ -221,35 +226,11 @@ def test_secret_fields_are_sealed_on_the_real_stack(
     """A password the model puts in a tool's SecretStr argument and a token a tool
     returns as SecretStr: in no topic, table or object, not in the CLI's output nor
     the worker's log -- and the tools received the real values."""
-    from tests.agents import PASSWORD, TOKEN  # noqa: PLC0415
+    from tests.secure_agents import PASSWORD, TOKEN  # noqa: PLC0415
 
     env = {**env, "ES_AGENTS_MASTER_KEY": new_master_key()}
     log = tmp_path / "worker.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [
-                *CLI,
-                "--log-level",
-                "debug",
-                "worker",
-                "--agent",
-                "tests.agents:secretive",
-            ],
-            cwd=ROOT,
-            env=_env(**env),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-        try:
-            started = cli(env, "start", "secretive", "-o", "json")
-            assert started.returncode == 0, started.stderr[-2000:]
-            run = str(json.loads(started.stdout)["run_id"])
-            until(lambda: _status(env, run)["status"] == "completed", what="the end")
-        finally:
-            proc.terminate()
-            proc.wait(60)
-    projected = cli(env, "projector", "--until-caught-up")
-    assert projected.returncode == 0, projected.stderr[-2000:]
+    run = _run_to_end(env, "secretive", log)
     timeline = cli(env, "show", run, "-o", "jsonl").stdout
     results = [
         json.loads(entry["result"])

@@ -66,7 +66,7 @@ def test_four_eyes_signed_from_the_shell(env: dict[str, str], tmp_path: Path) ->
             args += ["--key", str(keys[key])]
         return str(_out(cli(env, *args), code)["reason"])
 
-    with worker(env, "tests.agents:four_eyes"):
+    with worker(env, "tests.secure_agents:four_eyes"):
         started = _out(cli(env, "start", "four-eyes", "-o", "json"), 0)
         run = str(started["run_id"])
 
@@ -148,7 +148,7 @@ def test_forged_altered_expired_and_replayed_decisions_on_the_real_stack(
             **kw,
         )
 
-    with worker(env, "tests.agents:four_eyes_twice"), Client(settings) as client:
+    with worker(env, "tests.secure_agents:four_eyes_twice"), Client(settings) as client:
         run = client.start("four-eyes-twice").run_id
 
         def pause_now() -> Pause | None:
