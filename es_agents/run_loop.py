@@ -86,6 +86,7 @@ from es_agents.vault import Cipher, encrypted
 log = logging.getLogger(__name__)
 
 STEP_TYPES = (CallModel, CallTool, PatchState, Interrupt, Finish, Fail)
+SLICE_SECONDS = 0.5  # a run's turn on a thread while other runs wait for one
 
 
 class NotMine(Exception):
@@ -130,6 +131,7 @@ class RunContext:
     done: Callable[[int, int], None]  # (partition, offset) applied
     start_agent: Callable[[str], str | None]
     lock: threading.Lock = field(default_factory=threading.Lock)
+    crowded: Callable[[], bool] = lambda: False  # other runs wait for a thread
     append_ms: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
     telemetry: Telemetry = field(default_factory=NoTelemetry)
     tracer: Tracer = field(default_factory=NoTracer)
@@ -172,6 +174,7 @@ class RunLoop:
         if self.state is not None and ctx.encrypt and ctx.cipher is not None:
             self.state = ctx.cipher.reveal(actor.run_id, self.state, strict=True)
         self.head = loaded.head  # the hash chain's head: the next event's prev
+        self.yielded = False  # the last drive() ended its time slice, not the run
 
     # -- appends -------------------------------------------------------------------
     def add(self, event_type: type[Event], **fields: object) -> Event:
@@ -253,12 +256,15 @@ class RunLoop:
 
     # -- the loop ------------------------------------------------------------------
     def drive(self) -> None:
-        """Apply the commands and take steps until the run waits (one activation:
-        one span in the run's trace)."""
+        """Apply the commands and take steps until the run waits, or until its
+        time slice ends while other runs wait for a thread (``yielded``; drive it
+        again later). One call: one span in the run's trace."""
+        self.yielded = False
         with self.ctx.tracer.activation(self.agent.name, self.actor.run_id):
             self._drive()
 
     def _drive(self) -> None:
+        began = time.monotonic()
         while True:
             self.apply_commands()
             if self.state is not None and self.state.status in ("running", "blocked"):
@@ -268,6 +274,10 @@ class RunLoop:
                 self.flush()
                 return
             self.advance(state)
+            if time.monotonic() - began > SLICE_SECONDS and self.ctx.crowded():
+                self.flush()  # the step's outcome durable; the run goes on later
+                self.yielded = True
+                return
 
     def check_versions(self, state: RunState) -> None:
         """The version gate, on every activation of a running or blocked run."""

@@ -4,9 +4,13 @@ drives each run's loop under the step protocol (``run_loop``).
 A run's loop ends at an interrupt or a terminal event and the worker forgets the
 run: a paused run is a row in the log (and a timer row when it sleeps), not a thread.
 Runs progress concurrently on a thread pool, one thread per active run, so a slow
-model call never blocks other runs of the partition. One run's failure is that
-run's alone (``containment``); only the log or the database being unreachable stops
-the process (crash-only: a supervisor restarts it and every run resumes).
+model call never blocks other runs of the partition. When more runs are active
+than there are threads, a run gives its thread up at the end of a step after a time
+slice (``run_loop.SLICE_SECONDS``; the step's outcome flushed) and queues again
+behind the others: every run progresses, however long the others are. One run's
+failure is that run's alone (``containment``); only the log or the database being
+unreachable stops the process (crash-only: a supervisor restarts it and every run
+resumes).
 
 Each agent's workers form their own consumer group (``PREFIX.workers.AGENT``) on the
 shared commands topic, and apply only the commands of their agent's runs. The worker
@@ -67,6 +71,7 @@ class RunActor:
     active: bool = False
     wake: bool = False
     stopping: bool = False
+    loop: RunLoop | None = None  # kept between time slices (the state in memory)
 
 
 class Worker:
@@ -143,6 +148,7 @@ class Worker:
             done=self.tracker.done,
             start_agent=self.start_agent,
             lock=self._lock,
+            crowded=self._crowded,
             telemetry=ports.telemetry,
             tracer=ports.tracer,
             approvals=approvals,
@@ -153,6 +159,7 @@ class Worker:
         # Milliseconds per acknowledged append (one per step), for benchmarks.
         self.append_ms = self.ctx.append_ms
         self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="run")
+        self._queued = 0  # tasks submitted to the pool and not started yet
         # Runs of other agents seen starting here, and runs this process cannot
         # load (their commands are refused with the reason), both bounded.
         self._others: OrderedDict[str, str] = OrderedDict()
@@ -288,7 +295,7 @@ class Worker:
             self._recovering.clear()
             self._busy_recoveries += len(todo)
         for partition in todo:
-            self._pool.submit(self._guard, self._recover_partition, partition)
+            self._submit(self._recover_partition, partition)
 
     def _recover_partition(self, partition: int) -> None:
         """Resume the runs of a partition that were running when it was last owned."""
@@ -355,9 +362,30 @@ class Worker:
                 return
             actor.active = True
             actor.wake = False
-        self._pool.submit(self._guard, self._drive, actor)
+        self._submit(self._drive, actor)
+
+    def _submit(self, fn: Any, *args: Any) -> None:
+        with self._lock:
+            self._queued += 1
+        self._pool.submit(self._guard, fn, *args)
+
+    def _crowded(self) -> bool:
+        """Work waits for a thread."""
+        return self._queued > 0
+
+    def _requeue(self, actor: RunActor, loop: RunLoop) -> None:
+        """A run whose slice ended: behind the work that waits, its loop kept."""
+        with self._lock:  # under the lock: close() cannot shut the pool in between
+            if self._stop.is_set() or actor.stopping:
+                actor.active = False  # the partition's next owner resumes it
+                return
+            actor.loop = loop
+            self._queued += 1
+            self._pool.submit(self._guard, self._drive, actor)
 
     def _guard(self, fn: Any, *args: Any) -> None:
+        with self._lock:
+            self._queued -= 1
         try:
             fn(*args)
         except BaseException as e:
@@ -380,8 +408,11 @@ class Worker:
             failure: tuple[str, str] | None = None
             unreadable: PayloadUnavailable | None = None
             try:
-                loop = RunLoop(self.ctx, actor)
+                loop, actor.loop = actor.loop or RunLoop(self.ctx, actor), None
                 loop.drive()
+                if loop.yielded:
+                    self._requeue(actor, loop)
+                    return
             except FencedError as e:
                 # Another worker owns the partition now: stop writing, keep serving
                 # the rest. Its commands were not committed; the owner gets them.
@@ -412,13 +443,20 @@ class Worker:
                 self, actor, loop, *failure
             ):
                 return
-            with self._lock:
-                if actor.stopping or not (actor.inbox or actor.wake):
-                    actor.active = False
-                    if not actor.inbox and self._actors.get(actor.run_id) is actor:
-                        del self._actors[actor.run_id]
-                    return
-                actor.wake = False
+            if not self._again(actor):
+                return
+
+    def _again(self, actor: RunActor) -> bool:
+        """After an activation: drive the run again (commands came meanwhile), or
+        let it rest."""
+        with self._lock:
+            if actor.stopping or not (actor.inbox or actor.wake):
+                actor.active = False
+                if not actor.inbox and self._actors.get(actor.run_id) is actor:
+                    del self._actors[actor.run_id]
+                return False
+            actor.wake = False
+            return True
 
     def forget(self, actor: RunActor) -> None:
         with self._lock:

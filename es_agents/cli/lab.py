@@ -123,6 +123,34 @@ def bench_throughput_command(
     bench_throughput(counts, steps, partitions, click.echo, workers)
 
 
+@bench.command("takeover")
+@click.option("--paused", type=int, default=1000, show_default=True)
+@click.option("--active", type=int, default=100, show_default=True)
+@click.option("--partitions", type=int, default=4, show_default=True)
+@click.option(
+    "--session-timeout",
+    type=int,
+    default=10_000,
+    show_default=True,
+    help="The workers' group session timeout, ms (the framework's default is 45000).",
+)
+@click.option(
+    "--approvals",
+    type=int,
+    default=10,
+    show_default=True,
+    help="Paused runs approved after each takeover (their latency).",
+)
+def bench_takeover_command(
+    paused: int, active: int, partitions: int, session_timeout: int, approvals: int
+) -> None:
+    """A worker SIGKILLed with paused and active runs on its partitions: how long
+    until a restarted one (same instance id) and a new one (another) serve them."""
+    from es_agents.lab.bench_takeover import bench_takeover  # noqa: PLC0415
+
+    bench_takeover(paused, active, partitions, session_timeout, approvals, click.echo)
+
+
 @bench.command("growth")
 @click.option("--chat-steps", type=int, default=10_000, show_default=True)
 @click.option("--tool-calls", type=int, default=100, show_default=True)

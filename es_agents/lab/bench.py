@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import statistics
 import threading
 import time
@@ -336,6 +337,22 @@ def _started(run_id: str, agent_version: str = "") -> RunStarted:
         command_id=f"start-{run_id}",
         agent_version=agent_version,
     )
+
+
+def worker_env(settings: Settings, **extra: str) -> dict[str, str]:
+    """The environment of a worker or projector process on a bench's scratch
+    settings (as users configure theirs: ``ES_AGENTS_*`` variables)."""
+    kafka = settings.kafka
+    return {
+        **os.environ,
+        "ES_AGENTS_STORE": settings.store,
+        "ES_AGENTS_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
+        "ES_AGENTS_TOPIC_PREFIX": kafka.topic_prefix,
+        "ES_AGENTS_PARTITIONS": str(kafka.partitions),
+        "ES_AGENTS_SESSION_TIMEOUT_MS": str(kafka.session_timeout_ms),
+        "ES_AGENTS_DATABASE_URL": settings.database_url.get_secret_value(),
+        **extra,
+    }
 
 
 def _long_run(run_id: str, length: int) -> list[Event]:

@@ -30,7 +30,7 @@ import psycopg
 
 from es_agents.app import build_ports, build_projector
 from es_agents.core.events import Event
-from es_agents.lab.bench import GateLoop, _long_run, scratch_settings
+from es_agents.lab.bench import GateLoop, _long_run, scratch_settings, worker_env
 from es_agents.settings import Settings
 from es_agents.timer_service import fire_timers
 
@@ -40,20 +40,11 @@ AGENT = "es_agents.lab.bench_idle:gate_loop"
 
 
 def _worker(settings: Settings, log_dir: Path) -> subprocess.Popen[bytes]:
-    kafka = settings.kafka
-    env = {
-        **os.environ,
-        "ES_AGENTS_STORE": settings.store,
-        "ES_AGENTS_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-        "ES_AGENTS_TOPIC_PREFIX": kafka.topic_prefix,
-        "ES_AGENTS_PARTITIONS": str(kafka.partitions),
-        "ES_AGENTS_DATABASE_URL": settings.database_url.get_secret_value(),
-    }
     return subprocess.Popen(
         [sys.executable, "-m", "es_agents.cli", "worker", "--agent", AGENT],
-        env=env,
+        env=worker_env(settings),
         stdout=subprocess.DEVNULL,
-        stderr=(log_dir / f"{kafka.topic_prefix}.log").open("w"),
+        stderr=(log_dir / f"{settings.kafka.topic_prefix}.log").open("w"),
     )
 
 

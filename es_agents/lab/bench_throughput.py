@@ -30,7 +30,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from es_agents.codec import AvroCodec
 from es_agents.core.commands import StartRun
 from es_agents.core.events import ToolReturned
-from es_agents.lab.bench import ToolLoop, scratch_settings
+from es_agents.lab.bench import ToolLoop, scratch_settings, worker_env
 from es_agents.settings import Settings
 
 agent = ToolLoop(int(os.environ.get("ES_AGENTS_BENCH_STEPS", "50")))
@@ -119,16 +119,7 @@ def _rounds(  # noqa: PLR0917 - the bench's own parameters
 
 
 def _env(settings: Settings, steps: int) -> dict[str, str]:
-    kafka = settings.kafka
-    return {
-        **os.environ,
-        "ES_AGENTS_STORE": settings.store,
-        "ES_AGENTS_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
-        "ES_AGENTS_TOPIC_PREFIX": kafka.topic_prefix,
-        "ES_AGENTS_PARTITIONS": str(kafka.partitions),
-        "ES_AGENTS_DATABASE_URL": settings.database_url.get_secret_value(),
-        "ES_AGENTS_BENCH_STEPS": str(steps),
-    }
+    return worker_env(settings, ES_AGENTS_BENCH_STEPS=str(steps))
 
 
 def _projector(settings: Settings) -> subprocess.Popen[bytes]:
