@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar
 from es_agents.approvals import Keyring, MemoryKeyring
 from es_agents.core.chain import Sealed
 from es_agents.core.commands import Command, ForkRun, StartRun
+from es_agents.core.epochs import StartFloors
 from es_agents.core.events import Event
 from es_agents.core.state import RunState
 from es_agents.observability import NoTelemetry, NoTracer, Telemetry, Tracer
@@ -143,12 +144,13 @@ class EventLog(Protocol):
         start: int = 0,
         at_least: int = 0,
         *,
-        floors: Mapping[str, int] | None = None,
+        floors: StartFloors | None = None,
     ) -> Iterator[Record]:
         """Records of one partition from ``start`` to its current end. On the
         events topic of a log fenced by epochs only the events that count
         (``es_agents.core.epochs``): claims and zombie writes are left out, starting
-        from ``floors``, the partition's epoch floors at ``start``."""
+        from ``floors``, the partition's epoch floors at ``start`` (or the
+        ``EpochFence`` a previous read that ended at ``start`` left: carried on)."""
         ...
 
     def end_offset(self, topic: str, partition: int) -> int: ...

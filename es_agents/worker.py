@@ -254,7 +254,9 @@ class Worker:
         with self._lock:
             for actor in self._actors.values():
                 actor.stopping = True
-        self._pool.shutdown(wait=True)
+        # Runs waiting for a thread are not started: the partitions' next owner
+        # resumes them (a crash-only exit leaves at once, its partitions with it).
+        self._pool.shutdown(wait=True, cancel_futures=True)
         try:
             self._commit()
             with contextlib.suppress(Unavailable):  # going down with the database

@@ -49,6 +49,7 @@ $BIN/es-agents bench steps --steps 100
 $BIN/es-agents bench throughput --runs 1,10 --steps 10
 $BIN/es-agents bench growth --chat-steps 200 --tool-calls 10 --resumes 2
 $BIN/es-agents bench idle --paused 200 --idle 1 --timers 2000 --rate 1000
+$BIN/es-agents bench takeover --paused 100 --active 10 --session-timeout 6000 --approvals 2
 
 # Last, since they kill and restart the broker and Postgres: a seeded chaos run of at
 # most ~2.5 minutes (60 s of faults, a heal of at most 60 s) on each store. Exit 1 on

@@ -29,7 +29,7 @@ from es_agents.adapters.coded_log import CodedLog
 from es_agents.codec import AvroCodec
 from es_agents.core.chain import Sealed
 from es_agents.core.commands import Command
-from es_agents.core.epochs import EpochFence
+from es_agents.core.epochs import EpochFence, StartFloors
 from es_agents.core.events import Event
 from es_agents.errors import AppendError, ConfigError, DecodeError, Unavailable
 from es_agents.partitioner import partition_for
@@ -389,7 +389,7 @@ class KafkaEventLog(CodedLog):
         start: int = 0,
         at_least: int = 0,
         *,
-        floors: Mapping[str, int] | None = None,
+        floors: StartFloors | None = None,
     ) -> Iterator[Record]:
         """Records of one partition from ``start`` to its current end, as the fetch
         itself reports it (partition EOF): no separate round trip for the
@@ -404,7 +404,9 @@ class KafkaEventLog(CodedLog):
         On the events topic, only the events that count: claims and the writes of
         fenced workers are left out (``EpochFence`` from ``floors``).
         """
-        fence = EpochFence(floors) if topic == self.settings.events_topic else None
+        fence = None
+        if topic == self.settings.events_topic:
+            fence = floors if isinstance(floors, EpochFence) else EpochFence(floors)
         with self._reader_lock:
             reader = self._reader_consumer()
             tp = TopicPartition(topic, partition)

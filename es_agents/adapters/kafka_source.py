@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar, final
 
@@ -30,6 +31,20 @@ from es_agents.settings import KafkaSettings
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+COMMIT_RETRY_SECONDS = 30.0  # a coordinator moving after a broker's loss
+_COORDINATOR_MOVING = frozenset(
+    {
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._WAIT_COORD,
+    }
+)
 
 
 @final
@@ -64,6 +79,7 @@ class KafkaSource(Generic[T]):
         )
         self._consumer = Consumer(_client(conf))
         self._at_end: set[int] = set()
+        self._commit_failing_since: float | None = None
         self._skipped: list[tuple[int, int]] = []
         self._on_assign = on_assign
         self._on_revoke = on_revoke
@@ -149,8 +165,11 @@ class KafkaSource(Generic[T]):
 
         False when the group moved on (a rebalance: the partition's next owner reads
         those messages again, and applying a command twice is a no-op): that is
-        routine. Any other failure (the coordinator or the broker out of reach)
-        raises ``Unavailable``: crash-only, the process restarts with new clients.
+        routine. False too while the group's coordinator moves or loads (a broker
+        of a cluster went down; a retriable error): the offsets stay pending and go
+        with the next commit. Any other failure, or a retriable one that lasts
+        ``COMMIT_RETRY_SECONDS``, raises ``Unavailable``: crash-only, the process
+        restarts with new clients.
         """
         try:
             self._consumer.commit(
@@ -162,7 +181,14 @@ class KafkaSource(Generic[T]):
             if err.code() in _REBALANCING:
                 log.info("%s: offsets not committed (%s)", self.topic, err)
                 return False
+            now = time.monotonic()
+            if err.retriable() or err.code() in _COORDINATOR_MOVING:
+                since = self._commit_failing_since = self._commit_failing_since or now
+                if now - since < COMMIT_RETRY_SECONDS:
+                    log.info("%s: offsets not committed yet (%s)", self.topic, err)
+                    return False
             raise Unavailable(f"{self.topic}: commit failed: {err}") from e
+        self._commit_failing_since = None
         return True
 
     def commit(self) -> None:

@@ -20,6 +20,7 @@ from es_agents.adapters.coded_log import CodedLog
 from es_agents.codec import AvroCodec
 from es_agents.core.chain import Sealed
 from es_agents.core.commands import Command
+from es_agents.core.epochs import StartFloors
 from es_agents.core.events import Event
 from es_agents.dead_letters import DeadLetterQueue
 from es_agents.errors import ConfigError, DecodeError, FencedError
@@ -168,7 +169,7 @@ class MemoryEventLog(CodedLog):
         start: int = 0,
         at_least: int = 0,
         *,
-        floors: Mapping[str, int] | None = None,
+        floors: StartFloors | None = None,
     ) -> Iterator[Record]:
         yield from self.broker.read(topic, partition, start, 1 << 62)
 

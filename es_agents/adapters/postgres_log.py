@@ -26,6 +26,7 @@ from es_agents.adapters.postgres import Database
 from es_agents.codec import AvroCodec
 from es_agents.core.chain import Sealed
 from es_agents.core.commands import Command
+from es_agents.core.epochs import StartFloors
 from es_agents.core.events import Event
 from es_agents.errors import AppendError, ConfigError, DecodeError, FencedError
 from es_agents.partitioner import partition_for
@@ -233,7 +234,7 @@ class PostgresEventLog(CodedLog):
         start: int = 0,
         at_least: int = 0,
         *,
-        floors: Mapping[str, int] | None = None,
+        floors: StartFloors | None = None,
     ) -> Iterator[Record]:
         position = start
         while True:

@@ -160,9 +160,15 @@ def _tail(
         else list(range(log.partition_count()))
     )
     offsets = {p: 0 if from_start else log.end_offset(topic, p) for p in partitions}
+    from es_agents.core.epochs import EpochFence  # noqa: PLC0415
+
+    # Carried from read to read, so a zombie write after a claim read before is
+    # left out (from the end, the floors there are learnt from the events read).
+    fences = {p: EpochFence() for p in partitions}
     while True:
         for partition, start in offsets.items():
-            for record in log.read_partition(topic, partition, start):
+            fence = fences[partition]
+            for record in log.read_partition(topic, partition, start, floors=fence):
                 offsets[partition] = record.offset + 1
                 if run_id is not None and record.key != run_id:
                     continue

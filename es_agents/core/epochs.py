@@ -104,3 +104,10 @@ class EpochFence:
         # before where this reading started (a reading starting at a counted record).
         self.floors[group] = epoch
         return True
+
+
+# The floors a read of an events partition starts from: a mapping (copied), or the
+# fence an earlier read of the partition left where this one starts (carried on and
+# advanced by this read: a reader that follows a partition read after read must
+# carry it, or a zombie write after a claim it read earlier would count).
+StartFloors = Floors | EpochFence

@@ -18,7 +18,7 @@ from es_agents.adapters.postgres_projections import PostgresProjections
 from es_agents.app import build_ports, build_projector
 from es_agents.audit import audit
 from es_agents.core.chain import Sealed, seal
-from es_agents.core.epochs import epoch_headers
+from es_agents.core.epochs import EpochFence, epoch_headers
 from es_agents.core.events import Event, RunStarted, StatePatched
 from es_agents.dev import DevStack
 from es_agents.errors import FencedError
@@ -191,5 +191,67 @@ def test_a_stale_claim_fences_its_own_writer(kafka_settings: KafkaSettings) -> N
         with pytest.raises(FencedError, match="epoch 2 claimed"):
             EpochWriter(log, group, partition, slow_take)
         heir_ready[0].close()
+    finally:
+        log.close()
+
+
+def test_a_reader_that_follows_a_partition_carries_its_fence(
+    kafka_settings: KafkaSettings,
+) -> None:
+    """A reader reading a partition read after read (``events tail``, the chaos
+    watcher) carries the fence from one read to the next: a zombie's write that
+    lands after a claim it read in an earlier read is left out."""
+    log = KafkaEventLog(kafka_settings)
+    topic = kafka_settings.events_topic
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    group = f"{kafka_settings.topic_prefix}.workers.follow"
+    partition = log.partition_for(run_id)
+    epochs = iter(range(1, 10))
+    head = b""
+
+    def sealed(events: list[Event]) -> list[Sealed]:
+        return seal(events, log.encode, head)
+
+    def keys(start: int, floors: EpochFence | None) -> tuple[list[str], int]:
+        found, end = [], start
+        for record in log.read_partition(topic, partition, start, floors=floors):
+            found.append(str(getattr(log.decode_event(record.value), "key", "")))
+            end = record.offset + 1
+        return found, end
+
+    try:
+        zombie = EpochWriter(log, group, partition, lambda: next(epochs))
+        started = RunStarted(
+            run_id=run_id, seq=0, step=0, agent="x", input_json="{}", command_id="c"
+        )
+        first = sealed([started])
+        zombie.append(first)
+        head = first[-1].digest
+        heir = EpochWriter(log, group, partition, lambda: next(epochs))
+        owned = sealed([_patch(run_id, 1, "heir")])
+        heir.append(owned)
+        head = owned[-1].digest
+        fence = EpochFence()
+        seen, position = keys(0, fence)  # the heir's claim, then its event
+        assert seen == ["", "heir"]
+        late = sealed([_patch(run_id, 2, "zombie")])[0]
+        log.link.wait(
+            [
+                log.link.produce(
+                    topic,
+                    run_id,
+                    late.value,
+                    list(epoch_headers(group, zombie.epoch)),
+                    partition=partition,
+                )
+            ]
+        )
+        more = sealed([_patch(run_id, 2, "heir-2")])
+        heir.append(more)
+        zombie.close()
+        heir.close()
+        assert keys(position, fence)[0] == ["heir-2"]
+        # Without the fence carried, the read after the claim counts the zombie.
+        assert keys(position, None)[0] == ["zombie", "heir-2"]
     finally:
         log.close()

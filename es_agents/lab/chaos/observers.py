@@ -8,6 +8,7 @@ import time
 
 from es_agents.core import RunState
 from es_agents.core.commands import Command
+from es_agents.core.epochs import EpochFence
 from es_agents.core.fold import fold
 from es_agents.errors import EsAgentsError
 from es_agents.ports import EventLog
@@ -23,6 +24,9 @@ class Watcher:
         self._log = log
         self._topic = topic
         self._positions = dict.fromkeys(range(partitions), 0)
+        # Carried from read to read: a zombie write after a claim read earlier is
+        # left out like any reader from the partition's start leaves it out.
+        self._fences = {p: EpochFence() for p in range(partitions)}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="watcher")
         self._thread.start()
@@ -38,7 +42,10 @@ class Watcher:
 
     def _read(self, partition: int) -> None:
         start = self._positions[partition]
-        for record in self._log.read_partition(self._topic, partition, start):
+        fence = self._fences[partition]
+        for record in self._log.read_partition(
+            self._topic, partition, start, floors=fence
+        ):
             self._positions[partition] = record.offset + 1
             try:
                 event = self._log.decode_event(record.value)
