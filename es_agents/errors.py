@@ -49,7 +49,8 @@ class Unavailable(EsAgentsError):
 
 
 class AppendError(EsAgentsError):
-    """The broker did not acknowledge an append; nothing after it may act on it."""
+    """The broker did not acknowledge an append (or it could not be read back);
+    nothing after it may act on it. CLI exit code 4, like ``Unavailable``."""
 
 
 class VersionRefused(EsAgentsError):

@@ -38,6 +38,7 @@ _CONFIRM_TIMEOUT = 30.0
 # A read-back with no progress for this long refreshes metadata and fetches again
 # (a partition whose leader died is fetched from its new leader at once).
 _KICK_AFTER = 3.0
+_RENEW_AFTER_KICKS = 2  # kicks without progress before the tail's consumer is new
 
 
 @final
@@ -70,7 +71,8 @@ class PartitionTail:
                 "enable.partition.eof": False,
             }
         )
-        self._consumer = Consumer(_client(conf))
+        self._conf = _client(conf)
+        self._consumer = Consumer(self._conf)
         self._consumer.assign([TopicPartition(self.topic, partition, start)])
         self._cond = threading.Condition()
         self.position = start  # every offset below it has been read
@@ -79,21 +81,35 @@ class PartitionTail:
         self._error: str | None = None
         self._closed = False
         self._kick = False  # a reader waits and nothing comes: fetch afresh
+        self._kicks = 0  # kicks in a row without progress
         self._thread = threading.Thread(
             target=self._run, daemon=True, name=f"es-tail-p{partition}"
         )
         self._thread.start()
 
+    def _refetch(self) -> None:
+        """Nothing read for a while though a reader waits (e.g. the partition's
+        leader changed): new metadata, and fetch again from where we are; after
+        ``_RENEW_AFTER_KICKS`` such kicks without progress, a new consumer (new
+        connections: the old one may be stuck on a broker that is gone)."""
+        self._kick = False
+        self._kicks += 1
+        here = TopicPartition(self.topic, self.partition, self.position)
+        if self._kicks % _RENEW_AFTER_KICKS == 0:
+            log.info("%s[%d]: tail stalled: new consumer", self.topic, self.partition)
+            self._consumer.close()
+            self._consumer = Consumer(self._conf)
+            self._consumer.assign([here])
+            return
+        self._consumer.list_topics(self.topic, timeout=5)
+        self._consumer.seek(here)
+
     def _run(self) -> None:
-        consumer = self._consumer
         while not self._closed:
             try:
-                if self._kick:  # e.g. the partition's leader changed: new metadata,
-                    self._kick = False  # and fetch again from where we are
-                    consumer.list_topics(self.topic, timeout=5)
-                    consumer.seek(
-                        TopicPartition(self.topic, self.partition, self.position)
-                    )
+                if self._kick:
+                    self._refetch()
+                consumer = self._consumer
                 msgs = consumer.consume(num_messages=1, timeout=0.1)
                 if msgs:
                     msgs += consumer.consume(num_messages=1000, timeout=0)
@@ -116,6 +132,8 @@ class PartitionTail:
                     if group == self.group and epoch > self.epoch:
                         fenced_at, fenced_by = offset, epoch
                 position = max(position, offset + 1)
+            if position > self.position:
+                self._kicks = 0
             with self._cond:
                 self.position = position
                 self.fenced_at, self.fenced_by = fenced_at, fenced_by

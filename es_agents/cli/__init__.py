@@ -22,6 +22,7 @@ from es_agents.cli.base import (
     machine,
 )
 from es_agents.errors import (
+    AppendError,
     ConfigError,
     EsAgentsError,
     Forbidden,
@@ -74,7 +75,7 @@ def main() -> None:
         _fail("not_found", str(e), EXIT_NOT_FOUND)
     except Forbidden as e:
         _fail("forbidden", str(e), EXIT_REFUSED)
-    except Unavailable as e:
+    except (Unavailable, AppendError) as e:
         _fail("unavailable", str(e), EXIT_UNAVAILABLE)
     except EsAgentsError as e:
         _fail(type(e).__name__, str(e), EXIT_REFUSED)
