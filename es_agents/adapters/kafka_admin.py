@@ -111,26 +111,50 @@ def ensure_topics(
     return counts
 
 
+def _describe(
+    admin: AdminClient, topics: list[str], timeout: float
+) -> dict[str, dict[str, Any]]:
+    """Each topic's config entries. On a cluster, a topic just created may be
+    unknown for a moment to the broker that answers: asked again within ``timeout``."""
+
+    def describe() -> dict[str, dict[str, Any]]:
+        resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
+        try:
+            return {
+                resource.name: future.result(timeout)
+                for resource, future in admin.describe_configs(
+                    resources, request_timeout=timeout
+                ).items()
+            }
+        except KafkaException as e:
+            if e.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise _NotYetKnown(f"cannot read topic configs: {e}") from e
+            raise Unavailable(f"cannot read topic configs: {e}") from e
+
+    try:
+        for tried in retrying(
+            1000, on=(_NotYetKnown,), initial=0.05, maximum=0.2, within=timeout
+        ):
+            with tried:
+                return describe()
+    except _NotYetKnown as e:
+        raise Unavailable(str(e)) from e
+    raise AssertionError("unreachable")  # pragma: no cover - retrying raises
+
+
 def _check_retention(
     admin: AdminClient, topics: list[str], timeout: float, fix: bool
 ) -> None:
     """Refuse topics that would expire records (or make them keep everything)."""
-    resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
     finite: dict[str, dict[str, str]] = {}
-    try:
-        for resource, future in admin.describe_configs(
-            resources, request_timeout=timeout
-        ).items():
-            entries = future.result(timeout)
-            wrong = {
-                k: str(entries[k].value)
-                for k, v in FOREVER.items()
-                if k in entries and str(entries[k].value) != v
-            }
-            if wrong:
-                finite[resource.name] = wrong
-    except KafkaException as e:
-        raise Unavailable(f"cannot read topic configs: {e}") from e
+    for topic, entries in _describe(admin, topics, timeout).items():
+        wrong = {
+            k: str(entries[k].value)
+            for k, v in FOREVER.items()
+            if k in entries and str(entries[k].value) != v
+        }
+        if wrong:
+            finite[topic] = wrong
     if not finite:
         return
     if fix:

@@ -133,6 +133,9 @@ def test_worker_projector_and_cli_over_sasl_scram_and_tls(
     env = {
         **env,
         "ES_AGENTS_BOOTSTRAP_SERVERS": address,
+        # This test's own broker is a single node, whatever the dev stack is.
+        "ES_AGENTS_REPLICATION_FACTOR": "1",
+        "ES_AGENTS_MIN_INSYNC_REPLICAS": "1",
         "ES_AGENTS_SECURITY_PROTOCOL": "SASL_SSL",
         "ES_AGENTS_SASL_MECHANISM": "SCRAM-SHA-256",
         "ES_AGENTS_SASL_USERNAME": USER,
