@@ -42,10 +42,15 @@ def reachable(settings: KafkaSettings, timeout: float) -> None:
     """The brokers answer a metadata request within ``timeout`` seconds, or
     ``Unavailable`` says which ones did not."""
     errors: list[KafkaError] = []  # what librdkafka met, e.g. a refused login
-    conf = {**_client(settings.to_librdkafka()), "error_cb": errors.append}
+    conf = {
+        **_client(settings.to_librdkafka()),
+        "error_cb": errors.append,
+        "allow.auto.create.topics": False,  # asking about a topic creates nothing
+    }
     admin = AdminClient(conf)
     try:
-        admin.list_topics(timeout=timeout)
+        # One topic's metadata, not the cluster's: it may hold thousands of topics.
+        admin.list_topics(topic=settings.events_topic, timeout=timeout)
     except KafkaException as e:
         admin.poll(0.1)  # serves the error callbacks queued meanwhile
         telling = [err for err in errors if err.code() in _TELLING] or errors

@@ -101,8 +101,9 @@ def _fill(settings: Settings, events: int, echo: Callable[[str], None]) -> int:
 
 
 def _cli(settings: Settings, *args: str) -> float:
+    # As on a user's machine: bytecode cached (not compiled again on every run).
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
         "ES_AGENTS_TOPIC_PREFIX": settings.kafka.topic_prefix,
         "ES_AGENTS_PARTITIONS": str(settings.kafka.partitions),
         "ES_AGENTS_DATABASE_URL": settings.database_url.get_secret_value(),
