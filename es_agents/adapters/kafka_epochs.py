@@ -148,6 +148,12 @@ class PartitionTail:
             while self.position <= offset and self._error is None:
                 if self.fenced_at is not None:
                     break  # fenced before this append: no need to read further
+                if self._closed:  # the partition was revoked meanwhile
+                    raise FencedError(
+                        f"{self.topic}[{self.partition}]: the writer was closed "
+                        f"(the partition was revoked) before offset {offset} was "
+                        "read back"
+                    )
                 now = time.monotonic()
                 left = deadline - now
                 if left <= 0:
@@ -171,7 +177,9 @@ class PartitionTail:
                 )
 
     def close(self) -> None:
-        self._closed = True
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()  # an append waiting on its read-back is fenced
         self._thread.join(5)
         self._consumer.close()
 

@@ -4,6 +4,8 @@ its stored floors), a run's loader, replay and audit -- and its writer is told."
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -253,5 +255,36 @@ def test_a_reader_that_follows_a_partition_carries_its_fence(
         assert keys(position, fence)[0] == ["heir-2"]
         # Without the fence carried, the read after the claim counts the zombie.
         assert keys(position, None)[0] == ["zombie", "heir-2"]
+    finally:
+        log.close()
+
+
+def test_an_append_waiting_on_its_read_back_is_fenced_when_the_writer_closes(
+    kafka_settings: KafkaSettings,
+) -> None:
+    """The partition is revoked while an append waits to read itself back (a zombie
+    waking up): the append is fenced at once, not left to time out."""
+    log = KafkaEventLog(kafka_settings)
+    group = f"{kafka_settings.topic_prefix}.workers.closing"
+    try:
+        writer = EpochWriter(log, group, 0, lambda: 1)
+        outcome: list[BaseException] = []
+
+        def wait_for_far_offset() -> None:
+            try:
+                writer._tail.read_past(10**9, timeout=60)
+            except BaseException as e:  # the outcome is what is tested
+                outcome.append(e)
+
+        waiter = threading.Thread(target=wait_for_far_offset)
+        waiter.start()
+        began = time.monotonic()
+        writer.close()
+        waiter.join(10)
+        assert not waiter.is_alive()
+        assert time.monotonic() - began < 10
+        assert len(outcome) == 1
+        assert isinstance(outcome[0], FencedError), outcome
+        assert "revoked" in str(outcome[0])
     finally:
         log.close()
