@@ -373,6 +373,25 @@ def _long_run(run_id: str, length: int) -> list[Event]:
     return events
 
 
+def append_paused(settings: Settings, count: int, length: int) -> list[str]:
+    """``count`` runs of ``length`` events paused at gate ``g``, appended straight
+    to the log in batches (a bench's set-up); their ids, ``paused-N-xxxx``."""
+    ids = [f"paused-{n}-{uuid.uuid4().hex[:6]}" for n in range(count)]
+    ports = build_ports(settings)
+    try:
+        batch: list[Event] = []
+        for run_id in ids:
+            batch += _long_run(run_id, length)
+            if len(batch) >= 4000:
+                ports.log.append(batch)
+                batch = []
+        if batch:
+            ports.log.append(batch)
+    finally:
+        ports.close()
+    return ids
+
+
 def _in_thread(target: Callable[[], None]) -> threading.Thread:
     thread = threading.Thread(target=target, daemon=True)
     thread.start()

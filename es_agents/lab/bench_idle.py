@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -29,8 +28,7 @@ from pathlib import Path
 import psycopg
 
 from es_agents.app import build_ports, build_projector
-from es_agents.core.events import Event
-from es_agents.lab.bench import GateLoop, _long_run, scratch_settings, worker_env
+from es_agents.lab.bench import GateLoop, append_paused, scratch_settings, worker_env
 from es_agents.settings import Settings
 from es_agents.timer_service import fire_timers
 
@@ -63,18 +61,7 @@ def _idle_worker(
     settings: Settings, paused: int, idle: float, log_dir: Path
 ) -> dict[str, float]:
     if paused:
-        ports = build_ports(settings)
-        try:
-            batch: list[Event] = []
-            for n in range(paused):
-                batch += _long_run(f"paused-{n}-{uuid.uuid4().hex[:4]}", 2)
-                if len(batch) >= 4000:
-                    ports.log.append(batch)
-                    batch = []
-            if batch:
-                ports.log.append(batch)
-        finally:
-            ports.close()
+        append_paused(settings, paused, 2)
         projector = build_projector(settings, batch_size=5000)
         projector.run(until_caught_up=True, idle_seconds=0.5)
     proc = _worker(settings, log_dir)

@@ -42,9 +42,8 @@ from es_agents.app import build_ports, ensure_topics
 from es_agents.codec import AvroCodec
 from es_agents.core import RunState
 from es_agents.core.commands import Approve, Command, StartRun
-from es_agents.core.events import Event
 from es_agents.core.step import CallTool, Interrupt, Step
-from es_agents.lab.bench import _long_run, noop, scratch_settings, worker_env
+from es_agents.lab.bench import append_paused, noop, scratch_settings, worker_env
 from es_agents.settings import Settings
 
 
@@ -191,20 +190,7 @@ class _Bench:
         self.producer.flush(30)
 
     def write_paused(self, count: int) -> list[str]:
-        ports = build_ports(self.settings)
-        ids = []
-        try:
-            batch: list[Event] = []
-            for n in range(count):
-                ids.append(f"paused-{n}-{uuid.uuid4().hex[:6]}")
-                batch += _long_run(ids[-1], 3)
-                if len(batch) >= 3000:
-                    ports.log.append(batch)
-                    batch = []
-            if batch:
-                ports.log.append(batch)
-        finally:
-            ports.close()
+        ids = append_paused(self.settings, count, 3)
         url = self.settings.database_url.get_secret_value()
         deadline = time.monotonic() + 180
         with psycopg.connect(url, autocommit=True) as conn:
