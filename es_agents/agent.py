@@ -31,6 +31,7 @@ from es_agents.core.step import (
     Step,
     args_hash,
 )
+from es_agents.core.transcript import Conversation
 from es_agents.core.versions import StateMigration, VersionPolicy
 from es_agents.errors import ConfigError
 from es_agents.models import ModelClient
@@ -87,12 +88,14 @@ class ToolAgent:
             "tools_hash": tools_hash(self.tool_list),
         }
 
-    def messages(self, state: RunState) -> list[Message]:
-        return [
+    def messages(self, state: RunState) -> Conversation:
+        """The system prompt and the run's input, then its transcript (read from
+        its stored chunks only when the model is sent it)."""
+        head: list[Message] = [
             {"role": "system", "content": self.system_prompt},
             {"role": "user", "content": state.input_json},
-            *state.transcript,
         ]
+        return Conversation(head, state.transcript)
 
     def plan(self, state: RunState) -> Step:
         if state.open_tool_calls:

@@ -39,6 +39,7 @@ from es_agents.core.events import (
     ToolReturned,
 )
 from es_agents.core.step import canonical_json
+from es_agents.core.transcript import Transcript
 from es_agents.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -279,6 +280,8 @@ def _walk(value: Any, open_: Callable[[str], str]) -> Any:  # noqa: PLR0911 - pe
         return value
     if isinstance(value, list):
         return [_walk(v, open_) for v in value]
+    if isinstance(value, Transcript):  # stored messages: opened when read
+        return value.mapped(lambda message: _walk(message, open_))
     if isinstance(value, tuple):
         return tuple(_walk(v, open_) for v in value)
     if isinstance(value, dict):

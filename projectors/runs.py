@@ -41,12 +41,12 @@ from es_agents.core.events import (
 from es_agents.core.fold import fold
 from es_agents.core.run_row import RUN_COLUMNS, run_row
 from es_agents.core.snapshot import (
-    CHUNK,
     REDUCER_VERSION,
     to_snapshot,
     transcript_chunks,
 )
 from es_agents.core.state import RunState
+from es_agents.core.transcript import CHUNK
 from es_agents.dead_letters import DeadLetterQueue
 from es_agents.errors import DecodeError, FoldError, PayloadUnavailable
 from es_agents.observability import NoTelemetry, Telemetry

@@ -15,13 +15,13 @@ from es_agents.core.events import Event
 from es_agents.core.fold import fold
 from es_agents.core.run_row import RUN_COLUMNS
 from es_agents.core.snapshot import (
-    CHUNK,
     REDUCER_VERSION,
     chunks_needed,
     from_snapshot,
     to_snapshot,
 )
 from es_agents.core.state import RunState
+from es_agents.core.transcript import CHUNK, ChunkLoader, Message
 from es_agents.errors import ConfigError
 from es_agents.ports import Projected
 
@@ -33,12 +33,16 @@ _COLUMNS = ", ".join(_NAMES)
 
 
 # One statement, so one round trip and one consistent view: the latest snapshot of
-# this reducer version with its event's bytes (part 0), the transcript chunks it
-# needs (1), the projected events after it (2), and the projector's offset and
-# epoch floors on the run's partition (3).
+# this reducer version with its event's bytes (part 0), the last ``last`` transcript
+# chunks it names (1: all of them, or the last one when the rest is read on
+# demand), the projected events after it (2), and the projector's offset and epoch
+# floors on the run's partition (3).
 _LOAD = """
 WITH s AS (
-    SELECT seq, state FROM run_snapshots
+    SELECT seq, state,
+        (COALESCE((state ->> 'transcript_len')::int, 0) + %(chunk)s - 1) / %(chunk)s
+        AS chunks
+    FROM run_snapshots
     WHERE run_id = %(run)s AND reducer_version = %(reducer)s
     ORDER BY seq DESC LIMIT 1
 )
@@ -46,8 +50,8 @@ SELECT 0, s.seq, s.state, e.payload FROM s
     LEFT JOIN run_events e ON e.run_id = %(run)s AND e.seq = s.seq
 UNION ALL
 SELECT 1, t.chunk, t.messages, NULL FROM s
-    JOIN run_transcripts t ON t.run_id = %(run)s AND t.chunk <
-        (COALESCE((s.state ->> 'transcript_len')::int, 0) + %(chunk)s - 1) / %(chunk)s
+    JOIN run_transcripts t ON t.run_id = %(run)s AND t.chunk < s.chunks
+        AND t.chunk >= s.chunks - %(last)s
 UNION ALL
 SELECT 2, e.seq, NULL, e.payload FROM run_events e
     WHERE e.run_id = %(run)s AND e.seq > COALESCE((SELECT seq FROM s), -1)
@@ -63,12 +67,16 @@ def load_projected(
     decode: Callable[[bytes], Event],
     run_id: str,
     restore: Callable[[Event], Event] | None = None,
+    *,
     offset_of: tuple[str, str, int] | None = None,
+    read_chunks: ChunkLoader | None = None,
 ) -> tuple[RunState | None, int | None, int, bytes, tuple[int, dict[str, int]]]:
     """The latest snapshot (of this reducer version) plus the projected events after
     it: (state, snapshot seq or None, number of events folded, the chain's head:
     the digest of the last event's bytes, and the projector's (next offset, floors)
-    for ``offset_of`` = (group, topic, partition)). O(K), in one statement."""
+    for ``offset_of`` = (group, topic, partition)). O(K), in one statement.
+    ``read_chunks``: the transcript's chunks are read by it when asked for (the
+    last one comes with the statement), not all of them now."""
     group, topic, partition = offset_of or (None, None, None)
     rows = conn.execute(
         _LOAD,
@@ -76,6 +84,7 @@ def load_projected(
             "run": run_id,
             "reducer": REDUCER_VERSION,
             "chunk": CHUNK,
+            "last": 1 if read_chunks is not None else 2**31 - 1,
             "group": group,
             "topic": topic,
             "partition": partition,
@@ -90,7 +99,7 @@ def load_projected(
     snapshot_seq = None
     if snapshot is not None:
         try:
-            state = from_snapshot(snapshot[2], chunks)
+            state = from_snapshot(snapshot[2], chunks, read_chunks)
             snapshot_seq = int(snapshot[1])
             if snapshot[3] is not None:
                 head = digest(bytes(snapshot[3]))
@@ -182,8 +191,24 @@ class PostgresProjections:
                 run_id,
                 restore,
                 offset_of=(self._group, self._topic, partition),
+                read_chunks=self._chunk_reader(run_id),
             )
         return Projected(state, snapshot_seq, folded, offset, head, floors)
+
+    def _chunk_reader(self, run_id: str) -> ChunkLoader:
+        """Reads a resumed run's transcript chunks when its messages are asked for
+        (the model is sent them), in one statement."""
+
+        def read(first: int, last: int) -> list[list[Message]]:
+            with self._db.statement() as conn:
+                rows = conn.execute(
+                    "SELECT messages FROM run_transcripts WHERE run_id = %s "
+                    "AND chunk >= %s AND chunk < %s ORDER BY chunk",
+                    (run_id, first, last),
+                ).fetchall()
+            return [list(r[0]) for r in rows]
+
+        return read
 
     def running(self, partition: int, agent: str) -> set[str]:
         with self._db.transaction() as conn:

@@ -6,13 +6,16 @@ not used (the run is folded from its events instead).
 The transcript is the one part of a run's state that grows with the run, and the
 fold only ever appends to it. So the projector stores it apart, in chunks of
 ``CHUNK`` messages that never change once full (``run_transcripts``), and a
-snapshot names only its length (``transcript_len``): a snapshot's size does not grow
-with the run, and a new snapshot writes the messages since the last one, not the
-whole conversation again. Snapshots written with the transcript inline still load.
+snapshot names only its length and chain (``transcript_len``, ``transcript_chain``):
+a snapshot's size does not grow with the run, a new snapshot writes the messages
+since the last one, not the whole conversation again, and a run loaded from it reads
+messages only when asked for (``core/transcript.py``). Snapshots written with the
+transcript inline, or without its chain, still load.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict
 from datetime import datetime
 from typing import Any
@@ -28,20 +31,21 @@ from es_agents.core.state import (
     Versions,
     Waiting,
 )
+from es_agents.core.transcript import CHUNK, ChunkLoader, Message, Transcript
 
 REDUCER_VERSION = 1
-CHUNK = 64  # transcript messages per stored chunk
 
 
 def transcript_chunks(
-    transcript: list[dict[str, JsonValue]], since: int
-) -> list[tuple[int, list[dict[str, JsonValue]]]]:
+    transcript: Sequence[Message], since: int
+) -> list[tuple[int, list[Message]]]:
     """(chunk number, messages) of every chunk holding a message at index ``since``
     or later: the chunks a snapshot writes when ``since`` messages were stored."""
     first = since // CHUNK
     last = (len(transcript) - 1) // CHUNK
     return [
-        (n, transcript[n * CHUNK : (n + 1) * CHUNK]) for n in range(first, last + 1)
+        (n, list(transcript[n * CHUNK : (n + 1) * CHUNK]))
+        for n in range(first, last + 1)
     ]
 
 
@@ -80,9 +84,12 @@ def to_snapshot(state: RunState, inline: bool = True) -> dict[str, JsonValue]:
         "seq": state.seq,
         "step": state.step,
         **(
-            {"transcript": state.transcript}  # type: ignore[dict-item]
+            {"transcript": list(state.transcript)}
             if inline
-            else {"transcript_len": len(state.transcript)}
+            else {
+                "transcript_len": len(state.transcript),
+                "transcript_chain": state.transcript.chain().hex(),
+            }
         ),
         "open_tool_calls": [c.model_dump() for c in state.open_tool_calls],
         "last_outcome_seq": state.last_outcome_seq,
@@ -115,10 +122,13 @@ def to_snapshot(state: RunState, inline: bool = True) -> dict[str, JsonValue]:
 
 
 def from_snapshot(
-    data: dict[str, Any], chunks: list[list[dict[str, JsonValue]]] | None = None
+    data: dict[str, Any],
+    chunks: list[list[Message]] | None = None,
+    load: ChunkLoader | None = None,
 ) -> RunState:
-    """The state a snapshot holds; ``chunks``: its transcript's stored chunks, in
-    order, when the snapshot names only the transcript's length."""
+    """The state a snapshot holds. When it names only the transcript's length:
+    ``chunks``, its stored chunks in order, or ``load``, a way to read them when
+    asked for (``chunks`` then holds those already read, from the last)."""
     pending_data = data.get("pending")
     pending: PendingModelCall | PendingToolCall | None = None
     if pending_data is not None:
@@ -135,15 +145,7 @@ def from_snapshot(
             **{**waiting_data, "wake_at": _parse_time(waiting_data.get("wake_at"))}
         )
     resume = data.get("last_resume")
-    if "transcript" in data:
-        transcript = list(data["transcript"])
-    else:
-        size = int(data["transcript_len"])
-        transcript = [m for chunk in chunks or [] for m in chunk][:size]
-        if len(transcript) != size:
-            raise ValueError(
-                f"transcript of {size} messages, {len(transcript)} stored in chunks"
-            )
+    transcript = _transcript(data, chunks, load)
     return RunState(
         run_id=data["run_id"],
         agent=data["agent"],
@@ -177,3 +179,26 @@ def from_snapshot(
         origin_run=data.get("origin_run"),
         origin_seq=data.get("origin_seq"),
     )
+
+
+def _transcript(
+    data: dict[str, Any], chunks: list[list[Message]] | None, load: ChunkLoader | None
+) -> Transcript:
+    if "transcript" in data:
+        return Transcript(data["transcript"])
+    size = int(data["transcript_len"])
+    chain_hex = data.get("transcript_chain")
+    chain = bytes.fromhex(chain_hex) if isinstance(chain_hex, str) else None
+    if load is not None:
+        last = (size - 1) // CHUNK
+        given = {last - i: c for i, c in enumerate(reversed(chunks or []))}
+        return Transcript.stored(size, load, chain, given)
+    messages = [m for chunk in chunks or [] for m in chunk][:size]
+    if len(messages) != size:
+        raise ValueError(
+            f"transcript of {size} messages, {len(messages)} stored in chunks"
+        )
+    held = Transcript(messages)
+    if chain is not None:
+        held.seed_chain(size, chain)
+    return held

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import JsonValue
 
 from es_agents.core.events import ToolCall
+from es_agents.core.transcript import Transcript
 
 RunStatus = Literal["running", "paused", "completed", "failed", "cancelled", "blocked"]
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
@@ -81,7 +82,7 @@ class RunState:
     status: RunStatus = "running"
     seq: int = -1
     step: int = 0
-    transcript: list[dict[str, JsonValue]] = field(default_factory=list)
+    transcript: Transcript = field(default_factory=Transcript)
     open_tool_calls: list[ToolCall] = field(default_factory=list)
     last_outcome_seq: int = -1  # seq of the last model_responded or tool_returned
     pending: PendingModelCall | PendingToolCall | None = None
@@ -111,6 +112,10 @@ class RunState:
     # A fork: the run its log was copied from, and the last seq copied.
     origin_run: str | None = None
     origin_seq: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.transcript, Transcript):  # a list of messages
+            self.transcript = Transcript(self.transcript)
 
     @property
     def terminal(self) -> bool:

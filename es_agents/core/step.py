@@ -37,9 +37,11 @@ from es_agents.core.events import (
 )
 from es_agents.core.fold import fold
 from es_agents.core.state import GATE_PREFIX, RunState
+from es_agents.core.transcript import EMPTY_CHAIN, Conversation, canonical_bytes
 from es_agents.errors import EsAgentsError
 
-Message = dict[str, JsonValue]
+Message = dict[str, JsonValue]  # a message of the neutral transcript
+
 # A tool as the model is told of it: name, description, parameters (JSON Schema).
 ToolSpec = dict[str, JsonValue]
 
@@ -107,22 +109,25 @@ def args_hash(args_json: str) -> str:
 
 
 def messages_hash(messages: Sequence[Message]) -> str:
-    return (
-        "sha256:" + hashlib.sha256(canonical_json(list(messages)).encode()).hexdigest()
-    )
+    return "sha256:" + hashlib.sha256(canonical_bytes(list(messages))).hexdigest()
 
 
 def request_hash(step: CallModel, model_id: str) -> str:
-    """The hash of what a model call sends: model, messages, tools and parameters."""
-    if not step.tools and not step.params:
-        return messages_hash(step.messages)  # what runs recorded before tools were sent
-    request = {
-        "model": model_id,
-        "messages": list(step.messages),
-        "tools": list(step.tools),
-        "params": step.params,
-    }
-    return "sha256:" + hashlib.sha256(canonical_json(request).encode()).hexdigest()
+    """The hash of what a model call sends: the model, its tools and parameters,
+    the leading messages, and the chain of the run's transcript after them (a
+    ``Conversation``; any other sequence is all leading messages). Extending a
+    stored chain costs the messages since the snapshot, not the conversation."""
+    messages = step.messages
+    if isinstance(messages, Conversation):
+        head, chain = messages.head, messages.transcript.chain()
+    else:
+        head, chain = list(messages), EMPTY_CHAIN
+    header = {"model": model_id, "tools": list(step.tools), "params": step.params}
+    text = b"es-agents request 2\n%s\n%s\n" % (
+        canonical_bytes(header),
+        canonical_bytes(head),
+    )
+    return "sha256:" + hashlib.sha256(text + chain).hexdigest()
 
 
 class Refused(EsAgentsError):

@@ -25,7 +25,10 @@ from es_agents.app import build_projector
 from es_agents.codec import AvroCodec
 from es_agents.core import replay
 from es_agents.core.events import Event, StatePatched
+from es_agents.core.step import CallModel, request_hash
+from es_agents.core.transcript import CHUNK, Conversation, Message
 from es_agents.dev import DevStack
+from es_agents.lab.demo import script
 from es_agents.resume import RunLoader
 from es_agents.settings import KafkaSettings, Settings
 from projectors.runs import load_state
@@ -283,6 +286,43 @@ def test_resume_reads_a_snapshot_and_at_most_k_events(
         again = later.load(run_id)
         assert again.events_from_log == 3
         assert again.state == replay(events + more)
+    finally:
+        db.close()
+        log.close()
+
+
+def test_a_resumed_run_reads_its_transcript_only_when_asked_for(
+    kafka_settings: KafkaSettings, fresh_db: str
+) -> None:
+    """O(K) resume for a long conversation: the snapshot's chain stands for the
+    messages, which are read from their chunks when a model is sent them."""
+    settings = _settings(kafka_settings, fresh_db, 50)
+    run_id = f"run-chat-{uuid.uuid4().hex[:6]}"
+    events = script(run_id, steps=150)[:-3]  # 300 messages; open, before the gate
+    log = KafkaEventLog(kafka_settings)
+    for start in range(0, len(events), 200):
+        log.append(events[start : start + 200])
+    _project(settings)
+    db = Database(fresh_db)
+    projections = PostgresProjections(
+        db, log.decode_event, settings.projector_group_id, kafka_settings.events_topic
+    )
+    try:
+        loaded = RunLoader(projections, log, kafka_settings.events_topic).load(run_id)
+        state, whole = loaded.state, replay(events)
+        assert state is not None
+        assert loaded.snapshot_seq is not None
+        assert len(state.transcript) == len(whole.transcript) > 4 * CHUNK
+        assert state.transcript.unread() >= 4 * CHUNK  # nothing read but the last
+        assert state.transcript[-1] == whole.transcript[-1]
+        head: list[Message] = [{"role": "system", "content": "s"}]
+        asked = CallModel(Conversation(head, state.transcript), {}, ())
+        wanted = CallModel(Conversation(head, whole.transcript), {}, ())
+        assert request_hash(asked, "m") == request_hash(wanted, "m")
+        assert state.transcript.unread() >= 4 * CHUNK  # hashed from the chain
+        assert list(state.transcript) == list(whole.transcript)
+        assert state.transcript.unread() == 0
+        assert state == whole
     finally:
         db.close()
         log.close()

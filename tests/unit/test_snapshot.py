@@ -8,20 +8,22 @@ import pytest
 from pydantic import JsonValue
 
 from es_agents.core.snapshot import (
-    CHUNK,
     chunks_needed,
     from_snapshot,
     to_snapshot,
     transcript_chunks,
 )
 from es_agents.core.state import RunState
+from es_agents.core.transcript import CHUNK, Transcript
 
 
 def _state(messages: int) -> RunState:
     transcript: list[dict[str, JsonValue]] = [
         {"role": "tool", "content": f"message {n}"} for n in range(messages)
     ]
-    return RunState(run_id="r", agent="a", seq=messages, transcript=transcript)
+    return RunState(
+        run_id="r", agent="a", seq=messages, transcript=Transcript(transcript)
+    )
 
 
 def _store(
