@@ -73,8 +73,13 @@ class DevStack:
         return time.monotonic() - started
 
     def down(self, log: Callable[[str], None] = print) -> None:
-        for service in reversed(self.services):
+        """Stop everything, a cluster's brokers together (``cluster.stop_all``)."""
+        rest = [s for s in reversed(self.services) if not isinstance(s, DevKafka)]
+        for service in rest:
             log(f"{service.name}: {'stopped' if service.stop() else 'was not running'}")
+        brokers = list(reversed(self.brokers))
+        for broker, ran in zip(brokers, cluster.stop_all(brokers), strict=True):
+            log(f"{broker.name}: {'stopped' if ran else 'was not running'}")
 
     def status(self) -> list[ServiceStatus]:
         return [

@@ -32,6 +32,14 @@ def start_all(nodes: Sequence[DevKafka]) -> list[bool]:
         return list(pool.map(lambda node: node.start(), nodes))
 
 
+def stop_all(nodes: Sequence[DevKafka]) -> list[bool]:
+    """Stop the nodes together: stopped one by one, the last has no controller
+    quorum left to shut down with and waits out its timeout (61.8 s measured for
+    three, 6.5 s together). True for each node that was running."""
+    with ThreadPoolExecutor(max_workers=max(len(nodes), 1)) as pool:
+        return list(pool.map(lambda node: node.stop(), nodes))
+
+
 def leader_of(bootstrap: str, topic: str, partition: int) -> int:
     """The broker id leading ``topic``'s ``partition`` now."""
     from confluent_kafka.admin import AdminClient  # noqa: PLC0415
