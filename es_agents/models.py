@@ -15,7 +15,6 @@ from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Protocol, final
 
-import orjson
 from pydantic import JsonValue
 
 from es_agents.core.events import ToolCall, Usage
@@ -26,6 +25,7 @@ from es_agents.core.step import (
     canonical_json,
     request_hash,
 )
+from es_agents.core.transcript import canonical_bytes
 from es_agents.errors import ModelError, Unavailable
 
 
@@ -143,7 +143,7 @@ class ScriptedModel:
             )
         answer = self.script[turn]
         completion = answer(messages) if callable(answer) else answer
-        tokens = len(_text(list(messages))) // 4
+        tokens = len(canonical_bytes(list(messages)).decode()) // 4
         return Completion(
             content=completion.content,
             tool_calls=completion.tool_calls,
@@ -164,12 +164,3 @@ def call(name: str, call_id: str, **args: JsonValue) -> Completion:
             ToolCall(call_id=call_id, name=name, args_json=canonical_json(args)),
         ),
     )
-
-
-def _text(value: object) -> str:
-    """``canonical_json``'s text, written by orjson when it can (a long
-    conversation's JSON in a millisecond rather than twenty)."""
-    try:
-        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
-    except (orjson.JSONEncodeError, TypeError):
-        return canonical_json(value)

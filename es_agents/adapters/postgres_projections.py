@@ -35,8 +35,9 @@ _COLUMNS = ", ".join(_NAMES)
 # One statement, so one round trip and one consistent view: the latest snapshot of
 # this reducer version with its event's bytes (part 0), the last ``last`` transcript
 # chunks it names (1: all of them, or the last one when the rest is read on
-# demand), the projected events after it (2), and the projector's offset and epoch
-# floors on the run's partition (3).
+# demand), the projected events after it (2), the projector's offset and epoch
+# floors on the run's partition (3), and how many of the snapshot's chunks are
+# missing (4: a snapshot whose transcript is not all there is not used).
 _LOAD = """
 WITH s AS (
     SELECT seq, state,
@@ -58,6 +59,10 @@ SELECT 2, e.seq, NULL, e.payload FROM run_events e
 UNION ALL
 SELECT 3, o.next_offset, o.floors, NULL FROM projector_offsets o
     WHERE o.group_id = %(group)s AND o.topic = %(topic)s AND o.partition = %(partition)s
+UNION ALL
+SELECT 4, s.chunks - count(t.chunk), NULL, NULL FROM s
+    LEFT JOIN run_transcripts t ON t.run_id = %(run)s AND t.chunk < s.chunks
+    GROUP BY s.chunks
 ORDER BY 1, 2
 """
 
@@ -94,12 +99,13 @@ def load_projected(
     chunks = [r[2] for r in rows if r[0] == 1]
     events = [bytes(r[3]) for r in rows if r[0] == 2]
     offset = next(((int(r[1]), dict(r[2])) for r in rows if r[0] == 3), (0, {}))
+    missing = next((int(r[1]) for r in rows if r[0] == 4), 0)
     state = None
     head = GENESIS
     snapshot_seq = None
     if snapshot is not None:
         try:
-            state = from_snapshot(snapshot[2], chunks, read_chunks)
+            state = _restored(snapshot[2], chunks, read_chunks, missing)
             snapshot_seq = int(snapshot[1])
             if snapshot[3] is not None:
                 head = digest(bytes(snapshot[3]))
@@ -124,6 +130,18 @@ def load_projected(
         state = fold(state if state is not None else RunState(run_id=run_id), event)
         head = digest(raw)
     return state, snapshot_seq, len(events), head, offset
+
+
+def _restored(
+    data: dict[str, Any],
+    chunks: list[list[Message]],
+    read_chunks: ChunkLoader | None,
+    missing: int,
+) -> RunState:
+    """The snapshot's state; ``ValueError`` if chunks of its transcript are gone."""
+    if missing > 0:
+        raise ValueError(f"{missing} of its transcript chunks are missing")
+    return from_snapshot(data, chunks, read_chunks)
 
 
 def _chunks(

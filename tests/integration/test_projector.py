@@ -323,6 +323,15 @@ def test_a_resumed_run_reads_its_transcript_only_when_asked_for(
         assert list(state.transcript) == list(whole.transcript)
         assert state.transcript.unread() == 0
         assert state == whole
+        # A snapshot whose transcript is not all stored is not used.
+        with db.transaction() as conn:
+            conn.execute(
+                "DELETE FROM run_transcripts WHERE run_id = %s AND chunk = 1",
+                (run_id,),
+            )
+        again = RunLoader(projections, log, kafka_settings.events_topic).load(run_id)
+        assert again.snapshot_seq is None
+        assert again.state == whole
     finally:
         db.close()
         log.close()
