@@ -217,14 +217,14 @@ class PostgresProjections:
         """Reads a resumed run's transcript chunks when its messages are asked for
         (the model is sent them), in one statement."""
 
-        def read(first: int, last: int) -> list[list[Message]]:
+        def read(first: int, last: int) -> list[tuple[int, list[Message]]]:
             with self._db.statement() as conn:
                 rows = conn.execute(
-                    "SELECT messages FROM run_transcripts WHERE run_id = %s "
+                    "SELECT chunk, messages FROM run_transcripts WHERE run_id = %s "
                     "AND chunk >= %s AND chunk < %s ORDER BY chunk",
                     (run_id, first, last),
                 ).fetchall()
-            return [list(r[0]) for r in rows]
+            return [(int(r[0]), list(r[1])) for r in rows]
 
         return read
 

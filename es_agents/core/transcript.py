@@ -26,8 +26,9 @@ import orjson
 from pydantic import JsonValue
 
 Message = dict[str, JsonValue]
-# Stored chunks ``first`` (inclusive) to ``last`` (exclusive), in order.
-ChunkLoader = Callable[[int, int], list[list[Message]]]
+# The stored chunks numbered ``first`` (inclusive) to ``last`` (exclusive), each as
+# (its number, its messages); a chunk that is not stored is left out.
+ChunkLoader = Callable[[int, int], list[tuple[int, list[Message]]]]
 
 CHUNK = 64  # transcript messages per stored chunk
 EMPTY_CHAIN = bytes(32)  # the chain of no messages
@@ -126,8 +127,7 @@ class Transcript(Sequence[Message]):
     def _read(self, first: int, last: int) -> None:
         if self._load is None:
             raise ValueError("a stored transcript without a way to read it")
-        chunks = self._load(first, last)
-        for number, messages in enumerate(chunks, start=first):
+        for number, messages in self._load(first, last):
             self._chunks[number] = messages
         for number in range(first, last):
             held = len(self._chunks.get(number, ()))
@@ -202,8 +202,8 @@ class Transcript(Sequence[Message]):
 
 
 def _changing(load: ChunkLoader, change: Callable[[Message], Message]) -> ChunkLoader:
-    def read(first: int, last: int) -> list[list[Message]]:
-        return [[change(m) for m in chunk] for chunk in load(first, last)]
+    def read(first: int, last: int) -> list[tuple[int, list[Message]]]:
+        return [(n, [change(m) for m in chunk]) for n, chunk in load(first, last)]
 
     return read
 

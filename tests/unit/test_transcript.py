@@ -35,10 +35,15 @@ class Chunks:
     def __init__(self, messages: list[Message]) -> None:
         self.chunks = [messages[n : n + CHUNK] for n in range(0, len(messages), CHUNK)]
         self.reads: list[tuple[int, int]] = []
+        self.gone: set[int] = set()  # chunks lost from the store
 
-    def __call__(self, first: int, last: int) -> list[list[Message]]:
+    def __call__(self, first: int, last: int) -> list[tuple[int, list[Message]]]:
         self.reads.append((first, last))
-        return [list(c) for c in self.chunks[first:last]]
+        return [
+            (n, list(self.chunks[n]))
+            for n in range(first, last)
+            if n < len(self.chunks) and n not in self.gone
+        ]
 
 
 def _stored(messages: list[Message], chain: bool = True) -> tuple[Transcript, Chunks]:
@@ -116,8 +121,9 @@ def test_a_mapped_transcript_changes_stored_messages_when_read_and_rehashes() ->
 
 
 def test_chunks_missing_from_the_store_are_an_error_not_a_short_transcript() -> None:
-    messages = _messages(2 * CHUNK)
-    chunks = Chunks(messages[:CHUNK])  # the second chunk is gone
+    messages = _messages(3 * CHUNK)
+    chunks = Chunks(messages)
+    chunks.gone.add(1)  # the middle chunk is gone: the last does not take its place
     transcript = Transcript.stored(len(messages), chunks)
     with pytest.raises(ValueError, match="chunk 1 holds 0"):
         list(transcript)
