@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from es_agents.core.events import ModelCallRequested, ModelResponded
 from es_agents.core.state import RunState
 from es_agents.core.step import CallModel, canonical_json, request_hash
+from es_agents.core.transcript import Conversation
 from es_agents.errors import (
     ConfigError,
     ModelError,
@@ -53,6 +54,7 @@ def call_model(loop: RunLoop, state: RunState, step: CallModel, attempt: int) ->
             # failures are retried, never the log's or the database's.
             number = attempt + tried.retry_state.attempt_number - 1
             _request(loop, state, step, model.model_id, number)
+            _read_conversation(step)
             with tried:
                 completion = _timed(loop, model, step)
     except _ModelUnavailable as e:
@@ -88,6 +90,14 @@ def _request(
         attempt=attempt,
     )
     loop.flush()  # write-ahead: the intention (and the last outcome) are durable
+
+
+def _read_conversation(step: CallModel) -> None:
+    """A resumed run's stored messages, read before the model is called: failing to
+    read them is the database's failure (the worker's: crash-only), not the
+    model's, which would be retried and then fail the run."""
+    if isinstance(step.messages, Conversation):
+        step.messages.transcript.read_all()
 
 
 def _timed(loop: RunLoop, model: ModelClient, step: CallModel) -> Completion:

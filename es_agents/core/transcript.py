@@ -115,6 +115,10 @@ class Transcript(Sequence[Message]):
         self._materialize()
         return iter(self._tail)
 
+    def read_all(self) -> None:
+        """Every stored message read now, in one call."""
+        self._materialize()
+
     def unread(self) -> int:
         """How many messages are still in stored chunks not read yet."""
         count = (self._stored + CHUNK - 1) // CHUNK

@@ -4,9 +4,12 @@ hash extends the snapshot's chain instead of hashing the conversation again."""
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
+from es_agents.agent import ToolAgent
 from es_agents.core.snapshot import from_snapshot, to_snapshot
 from es_agents.core.state import RunState
 from es_agents.core.step import CallModel, request_hash
@@ -18,6 +21,9 @@ from es_agents.core.transcript import (
     Transcript,
     extend_chain,
 )
+from es_agents.errors import Unavailable
+from es_agents.models import ScriptedModel, reply
+from es_agents.testing import AgentHarness
 
 HEAD: list[Message] = [{"role": "system", "content": "be brief"}]
 
@@ -137,3 +143,28 @@ def test_a_conversation_reads_as_its_head_then_the_transcript() -> None:
     assert conversation[-1] == messages[-1]
     assert conversation == [*HEAD, *messages]
     assert len(conversation) == 4
+
+
+def test_a_store_that_fails_to_read_the_conversation_is_not_the_models_failure(
+    es_harness: Callable[[Any], AgentHarness],
+) -> None:
+    """The stored messages are read after the intention is durable and before the
+    model is called: a database outage there stops the worker (crash-only, the run
+    resumes later), never counts as the model's failure, which would end the run."""
+
+    def unreachable(first: int, last: int) -> list[tuple[int, list[Message]]]:
+        raise Unavailable("postgres went away")
+
+    class Stored(ToolAgent):
+        def messages(self, state: RunState) -> Conversation:
+            recorded = extend_chain(EMPTY_CHAIN, _messages(3))  # as a snapshot has it
+            return Conversation(HEAD, Transcript.stored(3, unreachable, recorded))
+
+    model = ScriptedModel([reply("never")])
+    harness = es_harness(Stored(name="stored", system_prompt="s", model=model))
+    run_id = harness.start()
+    with pytest.raises(Unavailable, match="postgres went away"):
+        harness.run()
+    assert model.calls == []  # the model was not asked
+    kinds = [e.wire_name for e in harness.events(run_id)]
+    assert kinds[-1] == "model_call_requested"  # durable; no run_failed
