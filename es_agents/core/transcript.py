@@ -99,11 +99,7 @@ class Transcript(Sequence[Message]):
     def __getitem__(self, index: int | slice) -> Message | list[Message]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        size = len(self)
-        if index < 0:
-            index += size
-        if not 0 <= index < size:
-            raise IndexError("transcript index out of range")
+        index = _position(index, len(self))
         if index >= self._stored:
             return self._tail[index - self._stored]
         number = index // CHUNK
@@ -205,6 +201,14 @@ class Transcript(Sequence[Message]):
         return made
 
 
+def _position(index: int, size: int) -> int:
+    """``index`` of a sequence of ``size`` items, counted from the start."""
+    position = index + size if index < 0 else index
+    if not 0 <= position < size:
+        raise IndexError("message index out of range")
+    return position
+
+
 def _changing(load: ChunkLoader, change: Callable[[Message], Message]) -> ChunkLoader:
     def read(first: int, last: int) -> list[tuple[int, list[Message]]]:
         return [(n, [change(m) for m in chunk]) for n, chunk in load(first, last)]
@@ -234,9 +238,8 @@ class Conversation(Sequence[Message]):
     def __getitem__(self, index: int | slice) -> Message | list[Message]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
-        if index < 0:
-            index += len(self)
-        if 0 <= index < len(self.head):
+        index = _position(index, len(self))
+        if index < len(self.head):
             return self.head[index]
         return self.transcript[index - len(self.head)]
 
