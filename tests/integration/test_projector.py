@@ -225,6 +225,21 @@ def _base_env() -> dict[str, str]:
     return dict(os.environ)
 
 
+def _projected(
+    kafka: KafkaSettings, settings: Settings, events: list[Event]
+) -> tuple[KafkaEventLog, Database, PostgresProjections]:
+    """``events`` appended and projected; the log and projections to load from."""
+    log = KafkaEventLog(kafka)
+    for start in range(0, len(events), 200):
+        log.append(events[start : start + 200])
+    _project(settings)
+    db = Database(settings.database_url.get_secret_value())
+    projections = PostgresProjections(
+        db, log.decode_event, settings.projector_group_id, kafka.events_topic
+    )
+    return log, db, projections
+
+
 def test_resume_reads_a_snapshot_and_at_most_k_events(
     kafka_settings: KafkaSettings, fresh_db: str
 ) -> None:
@@ -232,14 +247,7 @@ def test_resume_reads_a_snapshot_and_at_most_k_events(
     settings = _settings(kafka_settings, fresh_db, k)
     run_id = f"run-long-{uuid.uuid4().hex[:6]}"
     events = script_of(run_id, random.Random(5), patches=730)
-    log = KafkaEventLog(kafka_settings)
-    for start in range(0, len(events), 200):
-        log.append(events[start : start + 200])
-    _project(settings)
-    db = Database(fresh_db)
-    projections = PostgresProjections(
-        db, log.decode_event, settings.projector_group_id, kafka_settings.events_topic
-    )
+    log, db, projections = _projected(kafka_settings, settings, events)
     try:
         loaded = RunLoader(projections, log, kafka_settings.events_topic).load(run_id)
         assert loaded.state == replay(events)
@@ -299,14 +307,7 @@ def test_a_resumed_run_reads_its_transcript_only_when_asked_for(
     settings = _settings(kafka_settings, fresh_db, 50)
     run_id = f"run-chat-{uuid.uuid4().hex[:6]}"
     events = script(run_id, steps=150)[:-3]  # 300 messages; open, before the gate
-    log = KafkaEventLog(kafka_settings)
-    for start in range(0, len(events), 200):
-        log.append(events[start : start + 200])
-    _project(settings)
-    db = Database(fresh_db)
-    projections = PostgresProjections(
-        db, log.decode_event, settings.projector_group_id, kafka_settings.events_topic
-    )
+    log, db, projections = _projected(kafka_settings, settings, events)
     try:
         loaded = RunLoader(projections, log, kafka_settings.events_topic).load(run_id)
         state, whole = loaded.state, replay(events)
