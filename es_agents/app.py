@@ -144,7 +144,6 @@ def _kafka_ports(
 ) -> Ports:
     from es_agents.adapters.fencing import PartitionWriter
     from es_agents.adapters.kafka import KafkaEventLog
-    from es_agents.adapters.kafka_admin import ensure_topics
     from es_agents.adapters.kafka_epochs import EpochWriter
     from es_agents.adapters.kafka_source import KafkaSource
     from es_agents.adapters.postgres import check_layout
@@ -167,6 +166,8 @@ def _kafka_ports(
         return LogWriter(log, take_epoch())
 
     def topics() -> dict[str, int]:
+        from es_agents.adapters.kafka_admin import ensure_topics
+
         counts = ensure_topics(kafka)
         check_layout(db, kafka.topic_prefix, counts[kafka.events_topic])
         return counts
@@ -373,7 +374,7 @@ def build_client_ports(settings: Settings) -> Ports:
     """A client's ports: a small pool, no probe, no migrations; the brokers and the
     database answer within ``connect_timeout`` or ``Unavailable`` says which not."""
     if settings.store == "kafka":
-        from es_agents.adapters.kafka_admin import reachable
+        from es_agents.adapters.kafka import reachable
 
         reachable(settings.kafka, settings.connect_timeout)
     ports = build_ports(

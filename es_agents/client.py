@@ -38,13 +38,14 @@ from es_agents.core.state import RunState
 from es_agents.core.step import Refused, decide, start
 from es_agents.dead_letters import DeadLetter, read_dead_letters
 from es_agents.errors import NotFound, PayloadUnavailable
-from es_agents.ports import Ports, Position, Verdict
+from es_agents.ports import Ports, Position, ServedAgent, Verdict
 from es_agents.resume import RunLoader
 from es_agents.settings import Settings, load_settings
 from es_agents.vault import Cipher
 
 # A worker writes its agent's row every 5 s: older than this, nobody serves it.
 SERVED_WITHIN_SECONDS = 30.0
+AGENT_CACHE_SECONDS = 1.0
 X = TypeVar("X")
 SIGNED_FOR = timedelta(minutes=15)  # a signed decision's default validity
 
@@ -133,6 +134,7 @@ class Client:
             ports.projections, ports.log, self.settings.kafka.events_topic
         )
         self._topics_checked = False
+        self._served: dict[str, tuple[float, ServedAgent]] = {}
         # With a master key, inputs are sent encrypted under the run's data key and
         # encrypted payloads are shown; without one they read "(encrypted)".
         self._seals = self.settings.master is not None
@@ -342,7 +344,7 @@ class Client:
     def _gate_refusal(self, state: RunState, command: Command) -> str | None:
         if not isinstance(command, Approve | Reject) or command.gate is None:
             return None
-        served = self._book.agent(state.agent)
+        served = self._agent(state.agent)
         if served is None or served.gates is None or command.gate in served.gates:
             return None
         return (
@@ -355,7 +357,7 @@ class Client:
     ) -> CommandResult:
         if wait <= 0:
             return CommandResult(command, "queued", "not awaited (--no-wait)", position)
-        served = self._book.agent(agent)
+        served = self._agent(agent)
         if served is None or not served.live(SERVED_WITHIN_SECONDS):
             return CommandResult(
                 command,
@@ -372,6 +374,19 @@ class Client:
             f"no verdict within {wait:g} s; the command stays queued",
             position,
         )
+
+    def _agent(self, name: str) -> ServedAgent | None:
+        """The agent's row as workers last wrote it. A served agent is looked up
+        at most once a second (workers write the row every 5 s); one not served
+        (yet) every time, so the first worker is seen at once."""
+        now = time.monotonic()
+        cached = self._served.get(name)
+        if cached is not None and now - cached[0] < AGENT_CACHE_SECONDS:
+            return cached[1]
+        served = self._book.agent(name)
+        if served is not None and served.live(SERVED_WITHIN_SECONDS):
+            self._served[name] = (now, served)
+        return served
 
     def _check_topics(self) -> None:
         if not self._topics_checked:

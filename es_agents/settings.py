@@ -86,6 +86,10 @@ class KafkaSettings(BaseSettings):
             "security.protocol": self.security_protocol,
             # Reconnect within a second of a broker restart (default backs off to 10s).
             "reconnect.backoff.max.ms": 1000,
+            # librdkafka drops its bootstrap connection once metadata names the
+            # brokers, then holds the next connection back for half this backoff:
+            # 50 ms of every new client's first request at the default of 100.
+            "reconnect.backoff.ms": 10,
             # One small record per step: send it now rather than wait for more bytes.
             "socket.nagle.disable": True,
         }

@@ -27,42 +27,6 @@ log = logging.getLogger(__name__)
 FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 
 
-# Errors that say why brokers did not answer better than "all brokers are down".
-_TELLING = frozenset(
-    {
-        KafkaError._AUTHENTICATION,
-        KafkaError.SASL_AUTHENTICATION_FAILED,
-        KafkaError._SSL,
-        KafkaError._RESOLVE,
-    }
-)
-
-
-def reachable(settings: KafkaSettings, timeout: float) -> None:
-    """The brokers answer a metadata request within ``timeout`` seconds, or
-    ``Unavailable`` says which ones did not."""
-    errors: list[KafkaError] = []  # what librdkafka met, e.g. a refused login
-    conf = {
-        **_client(settings.to_librdkafka()),
-        "error_cb": errors.append,
-        "allow.auto.create.topics": False,  # asking about a topic creates nothing
-    }
-    admin = AdminClient(conf)
-    try:
-        # One topic's metadata, not the cluster's: it may hold thousands of topics.
-        admin.list_topics(topic=settings.events_topic, timeout=timeout)
-    except KafkaException as e:
-        admin.poll(0.1)  # serves the error callbacks queued meanwhile
-        telling = [err for err in errors if err.code() in _TELLING] or errors
-        why = f" ({telling[0].str()})" if telling else ""
-        raise Unavailable(
-            f"Kafka at {settings.bootstrap_servers} did not answer within "
-            f"{timeout:g} s{why} (ES_AGENTS_BOOTSTRAP_SERVERS and the ES_AGENTS_SASL_*"
-            " / ES_AGENTS_SSL_* settings; the dev stack starts with "
-            "`es-agents dev up`)"
-        ) from e
-
-
 def ensure_topics(
     settings: KafkaSettings, timeout: float = 30.0, fix_retention: bool = False
 ) -> dict[str, int]:

@@ -13,7 +13,8 @@ import json
 import threading
 import time
 from collections.abc import Sequence
-from typing import final
+from datetime import datetime
+from typing import Any, final
 
 import psycopg
 
@@ -34,11 +35,13 @@ CHANNEL = "es_verdicts"
 
 class Verdicts:
     """One connection LISTENing on ``es_verdicts`` in a daemon thread, waking the
-    threads that wait for a command id the worker just decided."""
+    threads that wait for a command id the worker just decided, with its verdict
+    when the notification carried it."""
 
     def __init__(self, url: str) -> None:
         self._url = url
         self._waiting: dict[str, threading.Event] = {}
+        self._arrived: dict[str, Verdict] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._thread = threading.Thread(
@@ -50,9 +53,15 @@ class Verdicts:
         with self._lock:
             return self._waiting.setdefault(command_id, threading.Event())
 
+    def arrived(self, command_id: str) -> Verdict | None:
+        """The verdict a notification carried for ``command_id``, if one did."""
+        with self._lock:
+            return self._arrived.get(command_id)
+
     def unregister(self, command_id: str) -> None:
         with self._lock:
             self._waiting.pop(command_id, None)
+            self._arrived.pop(command_id, None)
 
     def _listen(self) -> None:
         while not self._closed.is_set():
@@ -63,19 +72,44 @@ class Verdicts:
                     conn.execute(f"LISTEN {CHANNEL}")
                     while not self._closed.is_set():
                         for note in conn.notifies(timeout=0.5):
-                            self._wake(note.payload.split(","))
+                            self._wake(note.payload)
             except psycopg.Error:
                 self._closed.wait(1.0)  # waiters look every 0.25 s meanwhile
 
-    def _wake(self, ids: list[str]) -> None:
+    def _wake(self, payload: str) -> None:
+        """``payload``: the decided rows as JSON, or their command ids only."""
+        try:
+            items = json.loads(payload)
+        except ValueError:
+            items = payload.split(",")  # a worker of an earlier version: ids
         with self._lock:
-            for command_id in ids:
-                event = self._waiting.get(command_id)
-                if event is not None:
-                    event.set()
+            for item in items if isinstance(items, list) else ():
+                row = item if isinstance(item, dict) else {"command_id": item}
+                event = self._waiting.get(str(row.get("command_id")))
+                if event is None:
+                    continue
+                if "status" in row:
+                    self._arrived[row["command_id"]] = _from_json(row)
+                event.set()
 
     def close(self) -> None:
         self._closed.set()
+
+
+def _from_json(row: dict[str, Any]) -> Verdict:
+    def when(value: object) -> datetime | None:
+        return None if value is None else datetime.fromisoformat(str(value))
+
+    return Verdict(
+        row["command_id"],
+        row["run_id"],
+        row["type"],
+        row["status"],
+        row["reason"],
+        row["agent"],
+        when(row["sent_at"]),
+        when(row["decided_at"]),
+    )
 
 
 @final
@@ -90,36 +124,31 @@ class PostgresCommandBook:
 
     # -- the worker's side -------------------------------------------------------------
     def decided(self, verdicts: Sequence[Decided]) -> None:
-        if not verdicts:
-            return
-        rows = [
-            (
-                v.command.command_id,
-                self._prefix,
-                v.command.run_id,
-                v.command.wire_name,
-                v.command.agent if isinstance(v.command, StartRun | ForkRun) else None,
-                v.status,
-                v.reason,
-            )
-            for v in verdicts
-        ]
-        ids = [r[0] for r in rows]
-        with self._db.transaction() as conn, conn.cursor() as cur:
-            cur.executemany(
-                "INSERT INTO commands (command_id, prefix, run_id, type, agent, "
-                "status, reason, decided_at) VALUES (%s, %s, %s, %s, %s, %s, %s, "
-                "now()) "
-                "ON CONFLICT (command_id) DO UPDATE SET status = EXCLUDED.status, "
-                "reason = EXCLUDED.reason, decided_at = EXCLUDED.decided_at "
-                "WHERE commands.status <> 'applied'",
-                rows,
-            )
-            # Wake the senders waiting for these (delivered when this commits;
-            # a payload holds at most 8,000 bytes).
-            for i in range(0, len(ids), 100):
-                cur.execute(
-                    "SELECT pg_notify(%s, %s)", (CHANNEL, ",".join(ids[i : i + 100]))
+        """Record the verdicts and wake their senders in one statement per 100: the
+        notification carries the rows (the senders need not ask), or only their
+        ids when the rows would not fit in a payload (8,000 bytes)."""
+        for i in range(0, len(verdicts), 100):
+            chunk = verdicts[i : i + 100]
+            params: list[object] = []
+            for v in chunk:
+                c = v.command
+                agent = c.agent if isinstance(c, StartRun | ForkRun) else None
+                params += [c.command_id, self._prefix, c.run_id, c.wire_name]
+                params += [agent, v.status, v.reason]
+            values = ", ".join(["(%s, %s, %s, %s, %s, %s, %s, now())"] * len(chunk))
+            with self._db.statement() as conn:
+                conn.execute(
+                    "WITH decided AS (INSERT INTO commands (command_id, prefix, "  # noqa: S608
+                    "run_id, type, agent, status, reason, decided_at) VALUES "
+                    f"{values} ON CONFLICT (command_id) DO UPDATE SET "
+                    "status = EXCLUDED.status, reason = EXCLUDED.reason, "
+                    "decided_at = EXCLUDED.decided_at "
+                    f"WHERE commands.status <> 'applied' RETURNING {_COLUMNS}), "
+                    "payload AS (SELECT json_agg(decided)::text AS rows, "
+                    "json_agg(decided.command_id)::text AS ids FROM decided) "
+                    "SELECT pg_notify(%s, CASE WHEN octet_length(rows) < 7900 "
+                    "THEN rows ELSE ids END) FROM payload WHERE ids IS NOT NULL",
+                    [*params, CHANNEL],
                 )
 
     def serve(  # noqa: PLR0917 - one row's columns
@@ -206,7 +235,7 @@ class PostgresCommandBook:
         return None
 
     def sent(self, command: Command) -> None:
-        with self._db.transaction() as conn:
+        with self._db.statement() as conn:  # one statement: one round trip
             self._insert_sent(conn, command)
 
     def _insert_sent(
@@ -234,7 +263,7 @@ class PostgresCommandBook:
         try:
             while True:
                 woken.clear()  # before the look: a wake-up after it is kept
-                found = self.verdict(command_id)
+                found = waiting.arrived(command_id) or self.verdict(command_id)
                 if found is not None and found.status != "sent":
                     return found
                 left = deadline - time.monotonic()

@@ -15,7 +15,7 @@ from es_agents.core.events import new_id, utc_now
 
 
 class Command(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     wire_name: ClassVar[str]
 

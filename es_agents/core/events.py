@@ -27,7 +27,7 @@ def utc_now() -> datetime:
 
 
 class Event(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     wire_name: ClassVar[str]
 
@@ -42,7 +42,7 @@ class Event(BaseModel):
 
 
 class ToolCall(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     call_id: str
     name: str
@@ -52,7 +52,7 @@ class ToolCall(BaseModel):
 class PayloadClaim(BaseModel):
     """A field kept in the object store (claim check); the event's field is empty."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     field: str  # e.g. "result_json", "content", "tool_calls.0.args_json"
     sha256: str
@@ -61,7 +61,7 @@ class PayloadClaim(BaseModel):
 
 
 class Usage(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
     prompt_tokens: int = 0
     completion_tokens: int = 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -9,7 +10,7 @@ import pytest
 
 from es_agents.core.commands import Approve, StartRun
 from es_agents.errors import ConfigError
-from es_agents.ports import Decided, Ports
+from es_agents.ports import Decided, Ports, Verdict
 
 
 def test_the_ledger_allows_one_call_per_key(ports: Ports) -> None:
@@ -69,3 +70,40 @@ def test_verdicts_applied_are_final_and_starts_are_unique(ports: Ports) -> None:
         approve.command_id,
     }
     assert "already exists" in (book.reserve_start(other, run_exists=False) or "")
+
+
+def test_a_waiting_sender_gets_its_verdict_with_the_reason(ports: Ports) -> None:
+    book = ports.book
+    run_id = f"r-{uuid.uuid4().hex[:8]}"
+    # 150 decided together (more than one notification's worth), one with a
+    # reason too long for a notification's payload: each sender gets its own.
+    approves = [Approve(run_id=run_id, by=f"p{i}") for i in range(150)]
+    long_reason = "refused: " + "x" * 9000
+    for command in approves:
+        book.sent(command)
+    found: dict[str, object] = {}
+
+    def wait_for(command_id: str) -> None:
+        found[command_id] = book.wait_verdict(command_id, timeout=20)
+
+    waiters = [
+        threading.Thread(target=wait_for, args=(c.command_id,))
+        for c in (approves[0], approves[120], approves[149])
+    ]
+    for waiter in waiters:
+        waiter.start()
+    decided = [Decided(c, "applied") for c in approves[:-1]]
+    book.decided([*decided, Decided(approves[-1], "refused", long_reason)])
+    for waiter in waiters:
+        waiter.join(30)
+    first, late, refused = (
+        found[c.command_id] for c in (approves[0], approves[120], approves[149])
+    )
+    assert isinstance(first, Verdict)
+    assert (first.status, first.run_id, first.type) == ("applied", run_id, "approve")
+    assert first.sent_at is not None
+    assert first.decided_at is not None
+    assert isinstance(late, Verdict)
+    assert late.status == "applied"
+    assert isinstance(refused, Verdict)
+    assert (refused.status, refused.reason) == ("refused", long_reason)

@@ -4,6 +4,7 @@ import copy
 import json
 
 import pytest
+from fastavro.schema import fingerprint, to_parsing_canonical_form
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,6 +13,7 @@ from es_agents.codec import (
     ConfluentSchemaRegistry,
     SchemaCatalog,
     SchemaInfo,
+    crc64_avro,
 )
 from es_agents.core.commands import COMMAND_TYPES, Approve, Command
 from es_agents.core.events import EVENT_TYPES, Event, ModelResponded, ToolCall, Usage
@@ -26,6 +28,15 @@ SCHEMAS = sorted(CATALOG, key=lambda s: s.ref)
 def test_every_event_and_command_has_a_schema() -> None:
     names = {s.wire_name for s in SCHEMAS}
     assert names == set(EVENT_TYPES) | set(COMMAND_TYPES)
+
+
+def test_fingerprints_are_the_avro_specifications() -> None:
+    # The Avro specification's example, then fastavro's own for every schema.
+    assert crc64_avro('"int"').hex() == fingerprint('"int"', "CRC-64-AVRO")
+    for info in SCHEMAS:
+        canonical = to_parsing_canonical_form(info.parsed)
+        assert info.fingerprint.hex() == fingerprint(canonical, "CRC-64-AVRO")
+        assert info.fingerprint == crc64_avro(canonical)
 
 
 def test_schema_fields_match_the_models() -> None:
