@@ -94,6 +94,9 @@ def load_projected(
             "topic": topic,
             "partition": partition,
         },
+        # Planned once per connection, not at every resume (planning it took
+        # longer than running it: 0.3 of 0.6 ms on an idle machine).
+        prepare=True,
     ).fetchall()
     snapshot = next((r for r in rows if r[0] == 0), None)
     chunks = [r[2] for r in rows if r[0] == 1]
