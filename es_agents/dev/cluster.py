@@ -4,6 +4,7 @@ and who leads what -- for the cluster's tests and chaos faults."""
 from __future__ import annotations
 
 import base64
+import os
 import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +17,11 @@ def prepare(dev: DevSettings) -> None:
     """Record the broker count, and the cluster id every node formats with."""
     home = dev.root / "kafka"
     home.mkdir(parents=True, exist_ok=True)
-    (home / "brokers").write_text(f"{dev.brokers}\n")
+    # Written aside and renamed: another process reading it (a second `dev up`,
+    # a test process) sees the old count or the new, never an empty file.
+    count = home / f"brokers.{os.getpid()}"
+    count.write_text(f"{dev.brokers}\n")
+    count.replace(home / "brokers")
     shared = home / "cluster.id"
     if dev.brokers > 1 and not shared.exists():
         shared.write_text(

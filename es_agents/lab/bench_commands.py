@@ -4,8 +4,10 @@ and status cost with 10 events on the topic and with 1,000,000.
 On a scratch topic prefix and database, an in-process worker serves an agent whose
 runs stop at once (at a gate, or asking for input) and a projector keeps the read side
 current. Each command is timed through a warm ``Client`` (to its verdict: the worker
-applied it) and as a CLI process. Then the events topic is filled with filler runs'
-events up to the large size, the projector catches up, and the same is timed again.
+applied it) and as a CLI process; start and approve also to their acceptance
+(``wait=0``: checked, recorded and durable in the log). Then the events topic is
+filled with filler runs' events up to the large size, the projector catches up, and
+the same is timed again.
 """
 
 from __future__ import annotations
@@ -153,12 +155,22 @@ def _measure(
             check(client.cancel(run, by="bench"))
 
     warm: dict[str, list[float]] = {c: [] for c in COMMANDS}
+    accepted: dict[str, list[float]] = {"start": [], "approve": []}
     for _ in range(repeats):
         runs = {c: paused(ask=c == "provide-input") for c in COMMANDS}
         for name in COMMANDS:
             t0 = time.perf_counter()
             one(name, runs[name])
             warm[name].append((time.perf_counter() - t0) * 1000)
+        # Accepted: checked, recorded and durable in the log (wait=0), not yet
+        # applied by the worker.
+        gated = paused()
+        t0 = time.perf_counter()
+        client.start("bench-desk", "{}", wait=0)
+        accepted["start"].append((time.perf_counter() - t0) * 1000)
+        t0 = time.perf_counter()
+        client.approve(gated, by="bench", wait=0)
+        accepted["approve"].append((time.perf_counter() - t0) * 1000)
     cli: dict[str, list[float]] = {c: [] for c in COMMANDS}
     for _ in range(cli_repeats):
         runs = {c: paused(ask=c == "provide-input") for c in COMMANDS}
@@ -177,13 +189,16 @@ def _measure(
                 "{}",
             )
         )
-    return {
+    result = {
         name: {
             "client_ms": round(statistics.median(warm[name]), 2),
             "cli_ms": round(statistics.median(cli[name]), 1),
         }
         for name in COMMANDS
     }
+    for name, times in accepted.items():
+        result[name]["accepted_ms"] = round(statistics.median(times), 2)
+    return result
 
 
 def bench_commands(

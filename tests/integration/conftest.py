@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,9 @@ from es_agents.settings import KafkaSettings
 
 @pytest.fixture(scope="session")
 def tickets_url(database_url: str) -> Iterator[str]:
-    with ticket_service(database_url, port=18081) as url:
+    # One service per test process (pytest-xdist names them gw0, gw1, ...).
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    with ticket_service(database_url, port=18081 + int(worker[2:] or 0)) as url:
         yield url
 
 

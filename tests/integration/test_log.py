@@ -87,6 +87,7 @@ def test_commands_and_events_of_a_run_share_a_partition_like_java_clients(
         log.close()
 
 
+@pytest.mark.serial  # kills the dev stack's broker under every other test
 def test_every_acknowledged_append_survives_a_broker_sigkill(
     dev_stack: DevStack, kafka_settings: KafkaSettings
 ) -> None:
