@@ -199,8 +199,14 @@ class Worker:
                     self._route(item.message, item.partition, item.offset)
                 self._start_recoveries()
                 now = time.monotonic()
-                if now - last_timers > 0.25 and self._fire_timers() < BATCH:
-                    last_timers = now  # else more are due: again at once
+                if now - last_timers > 0.25:
+                    fired = self._fire_timers()
+                    if fired:
+                        # Their commands are to be read before this worker can
+                        # call itself idle (the source's end is as of its last poll).
+                        last_message = now
+                    if fired < BATCH:
+                        last_timers = now  # else more are due: again at once
                 self._commit()
                 if self._fatal is not None:
                     raise self._fatal

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -13,9 +14,11 @@ from typing import Any
 
 import pytest
 
+from es_agents.adapters.memory_log import MemorySource
 from es_agents.core.state import RunState
 from es_agents.core.step import Finish, Interrupt, Step
 from es_agents.testing import AgentHarness, VirtualClock
+from es_agents.worker import Worker
 from tests.unit.test_readme import python_blocks
 
 
@@ -65,6 +68,35 @@ def test_the_virtual_clock_wakes_a_sleeping_run(
     h.run()
     assert h.state(run).status == "completed"
     assert h.timeline(run)[-2:] == ["resumed", "run_completed"]
+
+
+def test_a_timer_fired_as_the_worker_would_go_idle_is_served(
+    es_harness: Callable[[Any], AgentHarness],
+    virtual_clock: VirtualClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A machine so busy that a poll and the timers' firing take longer than the
+    # worker's idle time (and its start-up recoveries are done meanwhile): the
+    # timer's command, fired after a poll found nothing, must still be read before
+    # the worker calls itself idle.
+    h = es_harness(Napper())
+    run = h.start()
+    h.run()
+    virtual_clock.advance(61 * 60)
+    polled, fire = MemorySource.poll, Worker._fire_timers
+
+    def slow_poll(self: MemorySource[Any], timeout: float) -> Any:
+        time.sleep(0.1)
+        return polled(self, timeout)
+
+    def slow_fire(self: Worker) -> int:
+        time.sleep(0.1)
+        return fire(self)
+
+    monkeypatch.setattr(MemorySource, "poll", slow_poll)
+    monkeypatch.setattr(Worker, "_fire_timers", slow_fire)
+    h.run()
+    assert h.state(run).status == "completed"
 
 
 def test_crash_at_fails_a_test_whose_worker_never_gets_there(
