@@ -374,7 +374,7 @@ def build_client_ports(settings: Settings) -> Ports:
     """A client's ports: a small pool, no probe, no migrations; the brokers and the
     database answer within ``connect_timeout`` or ``Unavailable`` says which not."""
     if settings.store == "kafka":
-        from es_agents.adapters.kafka import reachable
+        from es_agents.adapters.kafka_probe import reachable
 
         reachable(settings.kafka, settings.connect_timeout)
     ports = build_ports(

@@ -97,19 +97,12 @@ class Verdicts:
 
 
 def _from_json(row: dict[str, Any]) -> Verdict:
-    def when(value: object) -> datetime | None:
-        return None if value is None else datetime.fromisoformat(str(value))
-
-    return Verdict(
-        row["command_id"],
-        row["run_id"],
-        row["type"],
-        row["status"],
-        row["reason"],
-        row["agent"],
-        when(row["sent_at"]),
-        when(row["decided_at"]),
-    )
+    """A ``commands`` row as ``json_agg`` wrote it (times as ISO-8601 text)."""
+    times = {
+        k: None if row[k] is None else datetime.fromisoformat(row[k])
+        for k in ("sent_at", "decided_at")
+    }
+    return Verdict(**{**row, **times})
 
 
 @final
