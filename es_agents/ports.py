@@ -205,7 +205,10 @@ OnRevoke = Callable[[list[int]], None]
 
 
 class Subscribe(Protocol):
-    """Join ``group`` on ``topic``: the store's consumer-group membership."""
+    """Join ``group`` on ``topic``: the store's consumer-group membership.
+    ``gather_ms``: a read may wait up to this long for records to gather (fewer,
+    larger reads for a reader that can trail the log a little; the Kafka store's
+    fetches, the others read what is there)."""
 
     def __call__(
         self,
@@ -216,6 +219,7 @@ class Subscribe(Protocol):
         on_assign: OnAssign | None = None,
         on_revoke: OnRevoke | None = None,
         instance_id: str | None = None,
+        gather_ms: int = 0,
     ) -> Subscription[T]: ...
 
 

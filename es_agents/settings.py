@@ -227,6 +227,15 @@ class Settings(BaseSettings):
     projector_group: str | None = Field(
         default=None, description="The projector's consumer group (PREFIX.projector)"
     )
+    projector_gather_ms: int = Field(
+        default=20,
+        ge=0,
+        le=1000,
+        description="The projector's reads wait up to this long for 64 KiB of "
+        "events to gather: under load the broker serves fewer, larger fetches; "
+        "at rest the projection trails the log by at most this (0: every record "
+        "at once)",
+    )
     master_key: SecretStr | None = Field(
         default=None,
         description="Base64 of 32 bytes: wraps the data keys of runs whose agent "

@@ -129,6 +129,7 @@ class Projector:
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
             instance_id=instance_id,
+            gather_ms=settings.projector_gather_ms,
         )
 
     def reset(self) -> None:

@@ -67,6 +67,7 @@ class KafkaSource(Generic[T]):
         on_assign: OnAssign | None = None,
         on_revoke: OnRevoke | None = None,
         instance_id: str | None = None,
+        gather_ms: int = 0,
     ) -> None:
         self.topic = topic
         self._decode: Callable[[bytes], T] = decode
@@ -74,6 +75,9 @@ class KafkaSource(Generic[T]):
         conf = {**settings.consumer_config(group_id), "enable.partition.eof": True}
         if instance_id:
             conf["group.instance.id"] = instance_id
+        if gather_ms:  # the broker answers a fetch at 64 KiB or after gather_ms
+            conf["fetch.wait.max.ms"] = gather_ms
+            conf["fetch.min.bytes"] = 65536
         self._cooperative = "cooperative" in str(
             conf.get("partition.assignment.strategy", "")
         )

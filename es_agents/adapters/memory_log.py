@@ -216,6 +216,7 @@ class MemorySource(Generic[T]):
         on_assign: OnAssign | None = None,
         on_revoke: OnRevoke | None = None,
         instance_id: str | None = None,
+        gather_ms: int = 0,  # reads return what is there
     ) -> None:
         self.broker = broker
         self.topic = topic

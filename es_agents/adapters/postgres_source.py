@@ -50,6 +50,7 @@ class PostgresSource(Generic[T]):
         on_assign: OnAssign | None = None,
         on_revoke: OnRevoke | None = None,
         instance_id: str | None = None,
+        gather_ms: int = 0,  # reads return what is there
     ) -> None:
         self.topic = topic
         self._db = db

@@ -30,12 +30,12 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from es_agents.codec import AvroCodec
 from es_agents.core.commands import StartRun
 from es_agents.core.events import ToolReturned
+from es_agents.lab import cpu
 from es_agents.lab.bench import ToolLoop, scratch_settings, worker_env
 from es_agents.settings import Settings
 
 agent = ToolLoop(int(os.environ.get("ES_AGENTS_BENCH_STEPS", "50")))
 AGENT = "es_agents.lab.bench_throughput:agent"
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def bench_throughput(
@@ -53,7 +53,7 @@ def bench_throughput(
         projector = _projector(settings)
         try:
             rounds, scaled = _rounds(
-                settings, counts, steps, completed, warm, echo, scale
+                settings, counts, steps, completed, warm, echo, scale, projector.pid
             )
         finally:
             projector.terminate()
@@ -101,17 +101,19 @@ def _rounds(  # noqa: PLR0917 - the bench's own parameters
     warm: int,
     echo: Callable[[str], None],
     scale: list[int],
+    projector: int,
 ) -> tuple[dict[str, dict[str, float]], dict[int, dict[str, float]]]:
     rounds: dict[str, dict[str, float]] = {}
-    with _Workers(settings, steps, 1) as one:
+    with _Workers(settings, steps, 1, projector) as one:
         _round(settings, one, warm, steps, completed)
         for n in counts:
             rounds[str(n)] = _round(settings, one, n, steps, completed)
             echo(f"  {n:>5} runs x {steps} steps, 1 worker: {_line(rounds[str(n)])}")
+            echo(f"        CPU per step by process: {_by_role(rounds[str(n)])}")
     largest = max(counts)
     scaled: dict[int, dict[str, float]] = {}
     for n in scale:
-        with _Workers(settings, steps, n) as more:
+        with _Workers(settings, steps, n, projector) as more:
             _round(settings, more, warm, steps, completed)
             scaled[n] = _round(settings, more, largest, steps, completed)
         echo(f"  {largest:>5} runs x {steps} steps, {n} workers: {_line(scaled[n])}")
@@ -140,11 +142,26 @@ def _line(r: dict[str, float]) -> str:
     )
 
 
+def _by_role(r: dict[str, float]) -> str:
+    parts = ", ".join(
+        f"{role} {r[f'{role}_cpu_us_per_step']:.0f}"
+        for role in ("projector", "broker", "postgres", "bench")
+    )
+    return (
+        f"{parts} us; the machine {r['machine_cpu_us_per_step']:.0f} us "
+        f"({r['machine_busy']:.0%} of {cpu.cores()} cores busy): at most "
+        f"~{r['ceiling_steps_per_s']:,.0f} steps/s on them"
+    )
+
+
 class _Workers:
     """Worker processes of the bench agent, up and owning partitions."""
 
-    def __init__(self, settings: Settings, steps: int, count: int) -> None:
+    def __init__(
+        self, settings: Settings, steps: int, count: int, projector: int
+    ) -> None:
         kafka = settings.kafka
+        self.projector = projector
         self.settings = settings
         self.logs = Path(tempfile.mkdtemp(prefix="es-bench-throughput-"))
         env = _env(settings, steps)
@@ -195,12 +212,18 @@ class _Workers:
             time.sleep(0.1)
         return self
 
-    def cpu_seconds(self) -> float:
-        total = 0
-        for p in self.procs:
-            fields = Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(fields[11]) + int(fields[12])  # utime, stime
-        return total / _TICKS
+    def roles(self) -> cpu.Roles:
+        """The processes a step costs CPU in: the workers (``cpu_us_per_step``),
+        and beside them the projector, the broker, Postgres and this bench."""
+        return cpu.Roles(
+            {
+                "worker": lambda: [p.pid for p in self.procs],
+                "projector": lambda: [self.projector],
+                "broker": cpu.kafka_brokers,
+                "postgres": cpu.postgres,
+                "bench": lambda: [os.getpid()],
+            }
+        )
 
     def rss_mb(self) -> float:
         total = 0
@@ -228,7 +251,8 @@ def _round(
     counter = _Completions(settings, completed, f"tp-{tag}-")
     codec = AvroCodec()
     producer = workers.producer
-    cpu = workers.cpu_seconds()
+    roles = workers.roles()
+    roles.start()
     started = time.perf_counter()
     for i in range(n):
         start = StartRun(run_id=f"tp-{tag}-{i}", agent="bench")
@@ -238,17 +262,24 @@ def _round(
     producer.flush(30)
     counter.wait(n, deadline=started + 600)
     took = time.perf_counter() - started
-    used = workers.cpu_seconds() - cpu
+    used = roles.stop()
     counter.close()
     total_steps = n * steps
-    return {
+    result = {
         "runs": n,
         "seconds": round(took, 3),
         "steps_per_s": round(total_steps / took, 1),
         "events_per_s": round(n * (2 * steps + 2) / took, 1),
-        "cpu_us_per_step": round(used / total_steps * 1e6, 1),
+        "cpu_us_per_step": round(used["worker"] / total_steps * 1e6, 1),
         "rss_mb": round(workers.rss_mb(), 1),
     }
+    for role, seconds in used.items():
+        if role != "worker":
+            result[f"{role}_cpu_us_per_step"] = round(seconds / total_steps * 1e6, 1)
+    machine = used["machine"] / total_steps
+    result["machine_busy"] = round(used["machine"] / took / cpu.cores(), 3)
+    result["ceiling_steps_per_s"] = round(cpu.cores() / machine) if machine else 0
+    return result
 
 
 class _Completions:
@@ -258,6 +289,10 @@ class _Completions:
         kafka = settings.kafka
         conf = kafka.consumer_config(f"{kafka.topic_prefix}.bench-count-{prefix}")
         conf["isolation.level"] = "read_committed"
+        # Counted in batches (the count's end is late by at most 20 ms): fetches
+        # per record would cost the broker CPU the workers share.
+        conf["fetch.wait.max.ms"] = 20
+        conf["fetch.min.bytes"] = 65536
         self.consumer = Consumer(conf)
         meta = self.consumer.list_topics(kafka.events_topic, timeout=10)
         parts = sorted(meta.topics[kafka.events_topic].partitions)
