@@ -20,7 +20,7 @@ need() {
 need kcat      # the third-party reader the tests check the wire format with
 need chromium  # the browser the UI test drives with Playwright (no downloaded build)
 
-echo "== lint and types"
+echo "== lint and types ($(date +%T))"
 $BIN/ruff format --check .
 $BIN/ruff check .
 $BIN/mypy es_agents projectors examples tests
@@ -36,17 +36,18 @@ stop_stack() {
 }
 trap stop_stack EXIT
 
-echo "== dev stack"
+echo "== dev stack ($(date +%T))"
 $BIN/es-agents dev up
 
-# Two test processes (pytest-xdist): most integration tests wait on brokers, timers
-# and workers, so two share the machine's two cores (tests 22 -> ~12 minutes). A
-# test that stops a shared service is marked serial and runs alone afterwards.
-echo "== tests"
+# Three test processes (pytest-xdist): most integration tests wait on brokers,
+# timers and workers (the two cores were 40 % busy with one process), so three share
+# them (tests serially ~22 minutes, in two processes ~13, in three ~11). A test that
+# stops a shared service is marked serial and runs alone afterwards.
+echo "== tests ($(date +%T))"
 status=0
 $BIN/python -m pytest -p no:cacheprovider -o console_output_style=classic --durations=15 \
-  -n 2 -m "not serial" tests "$@" || status=$?
-echo "== tests that stop a shared service, alone"
+  -n "${ES_AGENTS_TEST_PROCESSES:-3}" -m "not serial" tests "$@" || status=$?
+echo "== tests that stop a shared service, alone ($(date +%T))"
 $BIN/python -m pytest -p no:cacheprovider -o console_output_style=classic \
   -m serial tests "$@" || status=$?
 if [ "$status" != 0 ]; then
@@ -56,7 +57,7 @@ fi
 
 # The benchmarks, short: each prints its figures and one JSON line; nothing here
 # asserts a time (the README's Performance section has the full-size figures).
-echo "== benches (short versions)"
+echo "== benches (short versions) ($(date +%T))"
 $BIN/es-agents bench steps --steps 100
 $BIN/es-agents bench throughput --runs 1,10 --steps 10
 $BIN/es-agents bench growth --chat-steps 200 --tool-calls 10 --resumes 2
@@ -66,8 +67,8 @@ $BIN/es-agents bench takeover --paused 100 --active 10 --session-timeout 6000 --
 # Last, since they kill and restart the broker and Postgres: a seeded chaos run of at
 # most ~2.5 minutes (60 s of faults, a heal of at most 60 s) on each store. Exit 1 on
 # any violation.
-echo "== chaos (seeded), Kafka store"
+echo "== chaos (seeded), Kafka store ($(date +%T))"
 $BIN/es-agents bench chaos --minutes 1 --seed 42 --heal-seconds 60
-echo "== chaos (seeded), Postgres store: the broker's faults restart Postgres instead"
+echo "== chaos (seeded), Postgres store: the broker's faults restart Postgres instead ($(date +%T))"
 ES_AGENTS_STORE=postgres $BIN/es-agents bench chaos --minutes 1 --seed 42 --heal-seconds 60
 echo "make test took $(( $(date +%s) - started ))s"
