@@ -91,19 +91,23 @@ def show(run_id: str, follow: bool, every: float) -> None:
     shown = 0
     with client() as c:
         prices = c.settings.prices
-        while True:
-            events = c.events(run_id)
-            entries = timeline(events, prices)
-            new = entries[shown:]
+
+        def more() -> None:
+            nonlocal shown
+            entries = timeline(c.events(run_id), prices)
             if machine():
-                for entry in new:
+                for entry in entries[shown:]:
                     emit(entry)
-            elif new:
-                rows = list(_rows(entries))[shown:]
-                _print(rows, header=shown == 0)
+            elif len(entries) > shown:
+                _print(list(_rows(entries))[shown:], header=shown == 0)
             shown = len(entries)
+
+        while True:
+            more()
             status = c.status(run_id).status
             if not follow or status in TERMINAL:
+                if follow:  # it may have ended after the read above: its last events
+                    more()
                 if not machine():
                     click.echo(f"status: {status}", err=True)
                 return
