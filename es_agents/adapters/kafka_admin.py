@@ -80,6 +80,26 @@ def ensure_topics(
     return counts
 
 
+def delete_topics(settings: KafkaSettings, timeout: float = 30.0) -> list[str]:
+    """Delete the commands, events and DLQ topics of ``settings`` -- a bench's, a
+    test's or a chaos run's own, never a deployment's: the log is the system of
+    record. Best effort (a broker that stays gets them back on its next clean-up):
+    returns the topics it could not delete, each logged."""
+    admin = AdminClient(_client(settings.to_librdkafka()))
+    topics = [settings.commands_topic, settings.events_topic, settings.dlq_topic]
+    left = []
+    for topic, future in admin.delete_topics(
+        topics, operation_timeout=timeout, request_timeout=timeout
+    ).items():
+        try:
+            future.result(timeout)
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                log.warning("could not delete topic %s: %s", topic, e)
+                left.append(topic)
+    return left
+
+
 def _describe(
     admin: AdminClient, topics: list[str], timeout: float
 ) -> dict[str, dict[str, Any]]:

@@ -229,9 +229,18 @@ class Chaos:
             self.ports.close()
             self.effects.stop()
         if report["violations"]:
-            self.echo(f"kept database {self.database} and the logs for inspection")
+            self.echo(
+                f"kept database {self.database}, the topics "
+                f"{self.kafka.topic_prefix}.* and the logs for inspection"
+            )
         else:
             self.stack.postgres.drop_database(self.database)
+            if self.store == "kafka":
+                from es_agents.adapters.kafka_admin import (  # noqa: PLC0415
+                    delete_topics,
+                )
+
+                delete_topics(self.kafka)
         return report
 
     def _tick(self, children: list[Child], start_runs: bool) -> None:
