@@ -72,4 +72,4 @@ def kafka_settings(
     )
     ensure_topics(settings)
     yield settings
-    delete_topics(settings)
+    delete_topics(settings, timeout=10)
