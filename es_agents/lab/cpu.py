@@ -30,11 +30,13 @@ def process_seconds(pid: int) -> float:
 
 
 def busy_seconds() -> float:
-    """CPU seconds the whole machine spent busy (every core, since boot)."""
+    """CPU seconds the whole machine spent busy (every core, since boot): user,
+    nice, system, irq and softirq -- not idle, I/O wait or time a hypervisor stole."""
     first = (_PROC / "stat").read_text().split("\n", 1)[0]
-    values = [int(v) for v in first.split()[1:]]
-    idle = values[3] + (values[4] if len(values) > 4 else 0)  # idle + iowait
-    return (sum(values[:8]) - idle) / _TICKS
+    user, nice, system, _idle, _iowait, irq, softirq = (
+        int(v) for v in first.split()[1:8]
+    )
+    return (user + nice + system + irq + softirq) / _TICKS
 
 
 def _matching(test: Callable[[str, str], bool]) -> list[int]:
@@ -67,7 +69,6 @@ class Roles:
 
     def __init__(self, roles: dict[str, PidFinder]) -> None:
         self.roles = roles
-        self._pids: dict[str, set[int]] = {}
         self._start: dict[str, dict[int, float]] = {}
         self._busy = 0.0
 
