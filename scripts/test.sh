@@ -41,7 +41,7 @@ $BIN/es-agents dev up
 
 # Three test processes (pytest-xdist): most integration tests wait on brokers,
 # timers and workers (the two cores were 40 % busy with one process), so three share
-# them (tests serially ~22 minutes, in two processes ~13, in three ~11). A test that
+# them (tests serially ~22 minutes, in two processes ~13, in three 8-10). A test that
 # stops a shared service is marked serial and runs alone afterwards.
 echo "== tests ($(date +%T))"
 status=0

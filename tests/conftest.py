@@ -38,7 +38,7 @@ def database_url(dev_stack: object) -> Iterator[str]:
     dev_stack.postgres.create_database(name)
     url = dev_stack.dev.database_url.rsplit("/", 1)[0] + f"/{name}"
     # Migrated now, not by whichever test happens to run first in this process
-    # (tests run in two processes, each with its own session database).
+    # (tests run in several processes, each with its own session database).
     db = Database(url, max_size=1)
     try:
         db.migrate()
