@@ -18,8 +18,13 @@ BEGIN
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = r) THEN
             BEGIN
                 EXECUTE format('CREATE ROLE %I NOLOGIN', r);
-            EXCEPTION WHEN insufficient_privilege THEN
-                RAISE NOTICE 'es-agents: cannot create role % (no CREATEROLE)', r;
+            EXCEPTION
+                WHEN insufficient_privilege THEN
+                    RAISE NOTICE 'es-agents: cannot create role % (no CREATEROLE)', r;
+                -- Roles belong to the server, not to a database: another database's
+                -- migration on the same server may have made it since the check.
+                WHEN duplicate_object OR unique_violation THEN
+                    NULL;
             END;
         END IF;
     END LOOP;
