@@ -286,7 +286,7 @@ def _memory_ports(settings: Settings, restore: Any) -> Ports:
         return MemoryPartitionWriter(log, group, partition, take_epoch())
 
     def ensure_topics() -> dict[str, int]:
-        names = (kafka.commands_topic, kafka.events_topic, kafka.dlq_topic)
+        names = kafka.topics
         for topic in names:
             broker.create(topic)
         return {t: broker.partition_count(t) for t in names}

@@ -79,6 +79,11 @@ class KafkaSettings(BaseSettings):
     def dlq_topic(self) -> str:
         return f"{self.topic_prefix}.dlq"
 
+    @property
+    def topics(self) -> list[str]:
+        """The prefix's topics: commands, events and the dead letters."""
+        return [self.commands_topic, self.events_topic, self.dlq_topic]
+
     def to_librdkafka(self) -> dict[str, str | int | float]:
         """Connection and security settings shared by producers, consumers and admin."""
         conf: dict[str, str | int | float] = {

@@ -39,7 +39,7 @@ def ensure_topics(
     only applies when creating.
     """
     admin = AdminClient(_client(settings.to_librdkafka()))
-    topics = [settings.commands_topic, settings.events_topic, settings.dlq_topic]
+    topics = settings.topics
     try:
         existing = admin.list_topics(timeout=timeout).topics
     except KafkaException as e:
@@ -86,7 +86,7 @@ def delete_topics(settings: KafkaSettings, timeout: float = 30.0) -> list[str]:
     record. Best effort (a broker that stays gets them back on its next clean-up):
     returns the topics it could not delete, each logged."""
     admin = AdminClient(_client(settings.to_librdkafka()))
-    topics = [settings.commands_topic, settings.events_topic, settings.dlq_topic]
+    topics = settings.topics
     left = []
     for topic, future in admin.delete_topics(
         topics, operation_timeout=timeout, request_timeout=timeout

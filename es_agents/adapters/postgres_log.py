@@ -40,7 +40,7 @@ _READ_BATCH = 2000
 def ensure_topics(db: Database, settings: KafkaSettings) -> dict[str, int]:
     """Create the topics' partitions that are missing; check that commands and
     events have the same count (a run's records share a partition number)."""
-    topics = [settings.commands_topic, settings.events_topic, settings.dlq_topic]
+    topics = settings.topics
     with db.transaction() as conn:
         counts = dict(
             conn.execute(
