@@ -89,19 +89,21 @@ def build_ports(
     pool_size: int = 8,
     migrate: bool = True,
     db_timeout: float = 30.0,
+    member: bool = False,
 ) -> Ports:
     """Every port the runtime needs, on the store the settings name. ``migrate``:
     bring the database's tables up to date now (workers, projectors); a client
     does it before its first write, and reads never do. ``db_timeout``: seconds to
-    wait for a database connection before ``Unavailable``."""
+    wait for a database connection before ``Unavailable``. ``member``: for a worker or
+    a projector (see ``_database``)."""
     claims = build_claim_check(settings)
     restore = claims.restore if claims is not None else None
     if settings.store == "memory":
         ports = _memory_ports(settings, restore)
     elif settings.store == "postgres":
-        ports = _postgres_ports(settings, restore, pool_size, db_timeout)
+        ports = _postgres_ports(settings, restore, pool_size, db_timeout, member)
     else:
-        ports = _kafka_ports(settings, restore, pool_size, db_timeout)
+        ports = _kafka_ports(settings, restore, pool_size, db_timeout, member)
     if migrate:
         ports.migrate()
     ports.claims = claims
@@ -109,14 +111,24 @@ def build_ports(
     return ports
 
 
-def _database(settings: Settings, pool_size: int, timeout: float) -> Any:
+def _database(
+    settings: Settings, pool_size: int, timeout: float, member: bool = False
+) -> Any:
+    """``member``: for a worker or a projector, which also ends the sessions a
+    stalled member left in the middle of a transaction (``postgres_stalls``)."""
     from es_agents.adapters.postgres import Database
 
     url = settings.database_url.get_secret_value()
     # A member silent for the session timeout has lost its partitions: its open
     # transactions go too, so they cannot block the member that takes them over.
     idle = settings.kafka.session_timeout_ms / 1000
-    return Database(url, max_size=pool_size, timeout=timeout, idle_in_transaction=idle)
+    return Database(
+        url,
+        max_size=pool_size,
+        timeout=timeout,
+        idle_in_transaction=idle,
+        end_stalled=idle if member else None,
+    )
 
 
 def _postgres_read_side(settings: Settings, db: Any, decode: Any) -> dict[str, Any]:
@@ -140,7 +152,7 @@ def _postgres_read_side(settings: Settings, db: Any, decode: Any) -> dict[str, A
 
 
 def _kafka_ports(
-    settings: Settings, restore: Any, pool_size: int, db_timeout: float
+    settings: Settings, restore: Any, pool_size: int, db_timeout: float, member: bool
 ) -> Ports:
     from es_agents.adapters.fencing import PartitionWriter
     from es_agents.adapters.kafka import KafkaEventLog
@@ -151,7 +163,7 @@ def _kafka_ports(
     from es_agents.ownership import LogWriter
 
     kafka = settings.kafka
-    db = _database(settings, pool_size, db_timeout)
+    db = _database(settings, pool_size, db_timeout, member)
     log = KafkaEventLog(kafka, restore=restore)
     dlq = DeadLetterQueue(log, kafka.dlq_topic)
 
@@ -186,7 +198,7 @@ def _kafka_ports(
 
 
 def _postgres_ports(
-    settings: Settings, restore: Any, pool_size: int, db_timeout: float
+    settings: Settings, restore: Any, pool_size: int, db_timeout: float, member: bool
 ) -> Ports:
     from es_agents.adapters.postgres_log import (
         PostgresEventLog,
@@ -198,7 +210,7 @@ def _postgres_ports(
     from es_agents.ownership import LogWriter
 
     kafka = settings.kafka
-    db = _database(settings, pool_size, db_timeout)
+    db = _database(settings, pool_size, db_timeout, member)
     log = PostgresEventLog(db, kafka, restore=restore)
     dlq = DeadLetterQueue(log, kafka.dlq_topic)
     session = kafka.session_timeout_ms / 1000
@@ -335,7 +347,7 @@ def build_worker(settings: Settings, agent: Agent, **options: Any) -> Worker:
     """A worker for ``agent`` on the configured store (topics created if missing)."""
     from es_agents.worker import Worker
 
-    ports = build_ports(settings)
+    ports = build_ports(settings, member=True)
     ports.ensure_topics()
     ports.telemetry = build_telemetry(settings)
     ports.tracer = build_tracer(settings)
@@ -349,7 +361,7 @@ def build_projector(settings: Settings, **options: Any) -> Projector:
 
     if settings.store == "memory":
         raise ConfigError("the memory store has no projector (it projects nothing)")
-    ports = build_ports(settings, pool_size=4)
+    ports = build_ports(settings, pool_size=4, member=True)
     ports.ensure_topics()
     db = Database(settings.database_url.get_secret_value())
     return Projector(

@@ -17,6 +17,7 @@ from typing import Any, final
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from es_agents.adapters.postgres_stalls import APPLICATION, StallReaper
 from es_agents.errors import ConfigError, Forbidden, Unavailable
 from es_agents.ports import Due, EffectRecord, EffectStatus
 
@@ -51,20 +52,27 @@ class Database:
         max_size: int = 8,
         timeout: float = 30.0,
         idle_in_transaction: float = 45.0,
+        end_stalled: float | None = None,
     ) -> None:
         """``timeout``: seconds to wait for a connection before ``Unavailable``.
         ``idle_in_transaction``: the server ends a session of ours that sat that long
         inside a transaction -- a paused or hung process must not keep row locks
-        (a partition's epoch, a lease) that its successor waits on forever."""
+        (a partition's epoch, a lease) that its successor waits on forever.
+        ``end_stalled``: this process ends, after that many seconds, the sessions
+        of ours that a paused process left in the middle of a pipeline, which the
+        server's idle timeout never ends (``postgres_stalls``); workers and
+        projectors do, clients do not."""
         self.url = url
         self.timeout = timeout
         kwargs: dict[str, Any] = {
             "autocommit": False,
+            "application_name": APPLICATION,
             "options": "-c idle_in_transaction_session_timeout="
             f"{max(1, round(idle_in_transaction * 1000))}",
         }
         if timeout < 30:
             kwargs["connect_timeout"] = max(2, math.ceil(timeout))  # libpq's minimum
+        self._reaper: StallReaper | None = None
         try:
             self.pool = ConnectionPool(
                 url,
@@ -76,6 +84,8 @@ class Database:
             )
         except psycopg.Error as e:
             raise Unavailable(f"postgres at {_safe(url)}: {e}") from e
+        if end_stalled is not None:
+            self._reaper = StallReaper(url, end_stalled, max(2, math.ceil(timeout)))
 
     @contextmanager
     def transaction(self) -> Iterator[psycopg.Connection[tuple[Any, ...]]]:
@@ -163,6 +173,8 @@ class Database:
             }
 
     def close(self) -> None:
+        if self._reaper is not None:
+            self._reaper.close()
         self.pool.close()
 
 

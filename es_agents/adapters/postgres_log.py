@@ -51,10 +51,10 @@ def ensure_topics(db: Database, settings: KafkaSettings) -> dict[str, int]:
         )
         for topic in topics:
             if topic not in counts:
-                conn.cursor().executemany(
-                    "INSERT INTO log_heads (topic, partition) VALUES (%s, %s) "
-                    "ON CONFLICT DO NOTHING",
-                    [(topic, p) for p in range(settings.partitions)],
+                conn.execute(
+                    "INSERT INTO log_heads (topic, partition) SELECT %s, "
+                    "generate_series(0, %s - 1) ON CONFLICT DO NOTHING",
+                    (topic, settings.partitions),
                 )
                 counts[topic] = settings.partitions
     commands, events = settings.commands_topic, settings.events_topic
@@ -72,27 +72,40 @@ def _append(
     partition: int,
     rows: Sequence[tuple[str, int | None, bytes, str | None]],
 ) -> list[Position]:
-    """Insert (key, seq, value, headers) rows at the partition's next offsets."""
-    head = conn.execute(
-        "UPDATE log_heads SET next_offset = next_offset + %s "
-        "WHERE topic = %s AND partition = %s RETURNING next_offset",
-        (len(rows), topic, partition),
+    """Insert (key, seq, value, headers) rows at the partition's next offsets.
+
+    One statement, never a pipeline: a client paused between a pipeline's messages
+    leaves its server session *active* (waiting for the client), where
+    ``idle_in_transaction_session_timeout`` never ends it, so the locks taken
+    here (the partition's head, the epoch's share lock) would be held forever."""
+    keys, seqs, values, headers = (list(c) for c in zip(*rows, strict=True))
+    row = conn.execute(
+        "WITH head AS (UPDATE log_heads SET next_offset = next_offset + %(n)s "
+        "WHERE topic = %(topic)s AND partition = %(partition)s "
+        "RETURNING next_offset - %(n)s AS first), "
+        'appended AS (INSERT INTO log_records (topic, partition, "offset", key, '
+        "seq, value, headers) SELECT %(topic)s, %(partition)s, head.first + r.i - 1, "
+        "r.key, r.seq, r.value, r.headers FROM head, unnest(%(keys)s::text[], "
+        "%(seqs)s::bigint[], %(values)s::bytea[], %(headers)s::jsonb[]) "
+        "WITH ORDINALITY AS r(key, seq, value, headers, i)) "
+        "SELECT head.first, pg_notify(%(channel)s, %(note)s) FROM head",
+        {
+            "n": len(rows),
+            "topic": topic,
+            "partition": partition,
+            "keys": keys,
+            "seqs": seqs,
+            "values": values,
+            "headers": headers,
+            "channel": CHANNEL,
+            "note": f"{topic}:{partition}",
+        },
     ).fetchone()
-    if head is None:
+    if row is None:
         raise ConfigError(
             f"topic {topic} has no partition {partition} (create it: es-agents topics)"
         )
-    first = int(head[0]) - len(rows)
-    with conn.cursor() as cur:
-        cur.executemany(
-            'INSERT INTO log_records (topic, partition, "offset", key, seq, value, '
-            "headers) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            [
-                (topic, partition, first + i, key, seq, value, headers)
-                for i, (key, seq, value, headers) in enumerate(rows)
-            ],
-        )
-    conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, f"{topic}:{partition}"))
+    first = int(row[0])
     return [Position(topic, partition, first + i) for i in range(len(rows))]
 
 

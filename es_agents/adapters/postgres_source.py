@@ -266,11 +266,12 @@ class PostgresSource(Generic[T]):
             ).fetchall()
             if len(owned) != len(parts):
                 return False
-            conn.cursor().executemany(
+            conn.execute(  # one statement: see _append on pipelines
                 "INSERT INTO log_offsets (group_id, topic, partition, next_offset) "
-                "VALUES (%s, %s, %s, %s) ON CONFLICT (group_id, topic, partition) "
+                "SELECT %s, %s, p, o FROM unnest(%s::int[], %s::bigint[]) AS t(p, o) "
+                "ON CONFLICT (group_id, topic, partition) "
                 "DO UPDATE SET next_offset = EXCLUDED.next_offset",
-                [(self._group, self.topic, p, offsets[p]) for p in parts],
+                (self._group, self.topic, parts, [offsets[p] for p in parts]),
             )
         return True
 

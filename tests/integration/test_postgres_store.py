@@ -14,10 +14,12 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from pydantic import SecretStr
 
 from es_agents.adapters.postgres import Database
+from es_agents.adapters.postgres_stalls import APPLICATION
 from es_agents.app import build_client_ports
 from es_agents.core import replay
 from es_agents.core.commands import StartRun
@@ -177,6 +179,120 @@ def test_a_paused_worker_is_fenced_by_the_epoch(
         zombie.wait(60)
     assert _events(settings, run_id) == finished, "a fenced writer's append landed"
     assert ticket_stats(tickets_url, run_id) == {"tickets": 1, "keys": 1}
+
+
+def _stalled(url: str, *locks: str, app: str = APPLICATION) -> psycopg.Connection:
+    """A session as a process paused in the middle of a pipeline leaves it: inside a
+    transaction holding the ``locks`` statements' row locks, one more statement
+    sent without the pipeline's sync -- the server waits for the client (*active*,
+    ``ClientRead``), and its idle-in-transaction timeout does not apply."""
+    conn = psycopg.connect(
+        url,
+        application_name=app,
+        options="-c idle_in_transaction_session_timeout=500",
+    )
+    for lock in locks:
+        conn.execute(lock)
+    conn.pgconn.enter_pipeline_mode()
+    conn.pgconn.send_query_params(b"SELECT 1", None)
+    conn.pgconn.flush()
+    return conn
+
+
+def _sessions(url: str) -> dict[int, tuple[str, str | None]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid, state, wait_event FROM pg_stat_activity "
+            "WHERE datname = current_database()"
+        ).fetchall()
+    return {int(pid): (state, wait) for pid, state, wait in rows}
+
+
+def _blocked(url: str, statement: str) -> bool:
+    with psycopg.connect(url) as conn:
+        conn.execute("SET lock_timeout = '200ms'")
+        try:
+            conn.execute(statement)
+        except psycopg.errors.LockNotAvailable:
+            return True
+    return False
+
+
+def test_a_session_stalled_mid_pipeline_is_ended_and_only_ours(
+    pg: tuple[Settings, dict[str, str]],
+) -> None:
+    """The server's idle timeout never ends a session stalled between a pipeline's
+    messages; a worker's or projector's database ends those of this application
+    that have waited for their client too long -- and leaves everything else."""
+    settings, _ = pg
+    url = settings.database_url.get_secret_value()
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("CREATE TABLE held (id int PRIMARY KEY)")
+        admin.execute("INSERT INTO held VALUES (1), (2)")
+    ours = _stalled(url, "SELECT id FROM held WHERE id = 1 FOR SHARE")
+    theirs = _stalled(url, "SELECT id FROM held WHERE id = 2 FOR SHARE", app="psql")
+    ours_pid, theirs_pid = ours.info.backend_pid, theirs.info.backend_pid
+    try:
+        until(
+            lambda: _sessions(url).get(ours_pid) == ("active", "ClientRead"),
+            10,
+            "the stalled session waiting for its client",
+        )
+        time.sleep(1.0)  # the scenario: twice the server's idle-in-transaction limit
+        assert _sessions(url).get(ours_pid) == ("active", "ClientRead")
+        assert _blocked(url, "UPDATE held SET id = 1 WHERE id = 1")
+        db = Database(url, end_stalled=1.0)
+        try:
+            until(
+                lambda: ours_pid not in _sessions(url),
+                20,
+                "the stalled session of ours ended",
+            )
+            assert not _blocked(url, "UPDATE held SET id = 1 WHERE id = 1")
+            assert _blocked(url, "UPDATE held SET id = 2 WHERE id = 2")  # not ours
+            assert _sessions(url).get(theirs_pid) == ("active", "ClientRead")
+            with db.transaction() as conn:  # its own sessions work on
+                assert conn.execute("SELECT count(*) FROM held").fetchone() == (2,)
+        finally:
+            db.close()
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_a_worker_paused_mid_pipeline_does_not_stop_its_heir(
+    pg: tuple[Settings, dict[str, str]], tmp_path: Path
+) -> None:
+    """A worker paused between a pipeline's messages keeps its session's locks (the
+    partitions' leases and epochs here): the heir ends that session after the
+    session timeout and takes the run over, instead of waiting forever."""
+    settings, env = pg
+    env = {**env, "ES_AGENTS_SESSION_TIMEOUT_MS": "6000"}
+    url = settings.database_url.get_secret_value()
+    run_id = _start(settings, "slowpoke")
+    zombie = _worker(env, "tests.agents:slowpoke", "zombie", stderr=tmp_path / "z")
+    try:
+        _wait_for_request(settings, run_id)
+        zombie.send_signal(signal.SIGSTOP)
+        stalled = _stalled(
+            url,
+            "SELECT partition FROM log_owners FOR SHARE",
+            "SELECT partition FROM partition_epochs FOR SHARE",
+        )
+        try:
+            heir = run_worker(
+                env, agent="tests.agents:slowpoke", instance_id="heir", timeout=120
+            )
+            assert heir.returncode == 0, heir.stderr[-2000:]
+            assert "stalled process" in heir.stderr
+            assert stalled.info.backend_pid not in _sessions(url)
+        finally:
+            stalled.close()
+        assert replay(_events(settings, run_id)).status == "completed"
+    finally:
+        zombie.send_signal(signal.SIGCONT)
+        zombie.terminate()
+        zombie.wait(60)
 
 
 def test_a_stalled_transaction_does_not_hold_its_locks_forever(
