@@ -3,14 +3,12 @@ and who leads what -- for the cluster's tests and chaos faults."""
 
 from __future__ import annotations
 
-import base64
 import os
-import uuid
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from es_agents.dev.config import DevSettings
-from es_agents.dev.kafka import DevKafka
+from es_agents.dev.kafka import DevKafka, new_cluster_id
 
 
 def prepare(dev: DevSettings) -> None:
@@ -24,9 +22,7 @@ def prepare(dev: DevSettings) -> None:
     count.replace(home / "brokers")
     shared = home / "cluster.id"
     if dev.brokers > 1 and not shared.exists():
-        shared.write_text(
-            base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
-        )
+        shared.write_text(new_cluster_id())
 
 
 def start_all(nodes: Sequence[DevKafka]) -> list[bool]:

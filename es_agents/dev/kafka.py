@@ -23,6 +23,16 @@ from es_agents.dev.process import (
 from es_agents.errors import Unavailable
 
 
+def new_cluster_id() -> str:
+    """A random cluster id, base64url of 16 bytes as Kafka's own: one starting
+    with ``-`` is drawn again (as Kafka's ``Uuid.randomUuid`` does), since a tool's
+    argument parser would read it as an option (1 draw in 64)."""
+    while True:
+        made = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not made.startswith("-"):
+            return made
+
+
 class DevKafka:
     name = "kafka"
 
@@ -182,8 +192,7 @@ class DevKafka:
                 self._java(
                     "kafka.tools.StorageTool",
                     "format",
-                    "-t",
-                    cluster_id,
+                    f"--cluster-id={cluster_id}",
                     "-c",
                     str(props),
                     "--ignore-formatted",
@@ -198,7 +207,7 @@ class DevKafka:
     def _cluster_id(self) -> str:
         """A new id for a lone broker; the one the cluster's nodes share."""
         if not self.cluster:
-            return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            return new_cluster_id()
         shared = self.dir.parent / "cluster.id"
         if not shared.exists():  # DevStack writes it before starting the nodes
             raise Unavailable(f"{shared} is missing: start the cluster with dev up")
