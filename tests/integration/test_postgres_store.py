@@ -19,7 +19,6 @@ import pytest
 from pydantic import SecretStr
 
 from es_agents.adapters.postgres import Database
-from es_agents.adapters.postgres_stalls import APPLICATION
 from es_agents.app import build_client_ports
 from es_agents.core import replay
 from es_agents.core.commands import StartRun
@@ -30,6 +29,7 @@ from es_agents.lab.demo import cli, run_worker, ticket_stats
 from es_agents.settings import KafkaSettings, Settings
 from tests.integration.test_commands import until
 from tests.integration.test_runtime import _emails
+from tests.stalls import server_sessions, stalled_session
 from tests.test_support import ROOT
 
 pytestmark = pytest.mark.integration
@@ -181,33 +181,6 @@ def test_a_paused_worker_is_fenced_by_the_epoch(
     assert ticket_stats(tickets_url, run_id) == {"tickets": 1, "keys": 1}
 
 
-def _stalled(url: str, *locks: str, app: str = APPLICATION) -> psycopg.Connection:
-    """A session as a process paused in the middle of a pipeline leaves it: inside a
-    transaction holding the ``locks`` statements' row locks, one more statement
-    sent without the pipeline's sync -- the server waits for the client (*active*,
-    ``ClientRead``), and its idle-in-transaction timeout does not apply."""
-    conn = psycopg.connect(
-        url,
-        application_name=app,
-        options="-c idle_in_transaction_session_timeout=500",
-    )
-    for lock in locks:
-        conn.execute(lock)
-    conn.pgconn.enter_pipeline_mode()
-    conn.pgconn.send_query_params(b"SELECT 1", None)
-    conn.pgconn.flush()
-    return conn
-
-
-def _sessions(url: str) -> dict[int, tuple[str, str | None]]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        rows = conn.execute(
-            "SELECT pid, state, wait_event FROM pg_stat_activity "
-            "WHERE datname = current_database()"
-        ).fetchall()
-    return {int(pid): (state, wait) for pid, state, wait in rows}
-
-
 def _blocked(url: str, statement: str) -> bool:
     with psycopg.connect(url) as conn:
         conn.execute("SET lock_timeout = '200ms'")
@@ -229,28 +202,30 @@ def test_a_session_stalled_mid_pipeline_is_ended_and_only_ours(
     with psycopg.connect(url, autocommit=True) as admin:
         admin.execute("CREATE TABLE held (id int PRIMARY KEY)")
         admin.execute("INSERT INTO held VALUES (1), (2)")
-    ours = _stalled(url, "SELECT id FROM held WHERE id = 1 FOR SHARE")
-    theirs = _stalled(url, "SELECT id FROM held WHERE id = 2 FOR SHARE", app="psql")
+    ours = stalled_session(url, "SELECT id FROM held WHERE id = 1 FOR SHARE")
+    theirs = stalled_session(
+        url, "SELECT id FROM held WHERE id = 2 FOR SHARE", app="psql"
+    )
     ours_pid, theirs_pid = ours.info.backend_pid, theirs.info.backend_pid
     try:
         until(
-            lambda: _sessions(url).get(ours_pid) == ("active", "ClientRead"),
+            lambda: server_sessions(url).get(ours_pid) == ("active", "ClientRead"),
             10,
             "the stalled session waiting for its client",
         )
         time.sleep(1.0)  # the scenario: twice the server's idle-in-transaction limit
-        assert _sessions(url).get(ours_pid) == ("active", "ClientRead")
+        assert server_sessions(url).get(ours_pid) == ("active", "ClientRead")
         assert _blocked(url, "UPDATE held SET id = 1 WHERE id = 1")
         db = Database(url, end_stalled=1.0)
         try:
             until(
-                lambda: ours_pid not in _sessions(url),
+                lambda: ours_pid not in server_sessions(url),
                 20,
                 "the stalled session of ours ended",
             )
             assert not _blocked(url, "UPDATE held SET id = 1 WHERE id = 1")
             assert _blocked(url, "UPDATE held SET id = 2 WHERE id = 2")  # not ours
-            assert _sessions(url).get(theirs_pid) == ("active", "ClientRead")
+            assert server_sessions(url).get(theirs_pid) == ("active", "ClientRead")
             with db.transaction() as conn:  # its own sessions work on
                 assert conn.execute("SELECT count(*) FROM held").fetchone() == (2,)
         finally:
@@ -274,7 +249,7 @@ def test_a_worker_paused_mid_pipeline_does_not_stop_its_heir(
     try:
         _wait_for_request(settings, run_id)
         zombie.send_signal(signal.SIGSTOP)
-        stalled = _stalled(
+        stalled = stalled_session(
             url,
             "SELECT partition FROM log_owners FOR SHARE",
             "SELECT partition FROM partition_epochs FOR SHARE",
@@ -285,7 +260,7 @@ def test_a_worker_paused_mid_pipeline_does_not_stop_its_heir(
             )
             assert heir.returncode == 0, heir.stderr[-2000:]
             assert "stalled process" in heir.stderr
-            assert stalled.info.backend_pid not in _sessions(url)
+            assert stalled.info.backend_pid not in server_sessions(url)
         finally:
             stalled.close()
         assert replay(_events(settings, run_id)).status == "completed"

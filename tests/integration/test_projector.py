@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -32,6 +33,7 @@ from es_agents.lab.demo import script
 from es_agents.resume import RunLoader
 from es_agents.settings import KafkaSettings, Settings
 from projectors.runs import load_state
+from tests.stalls import server_sessions, stalled_session
 from tests.test_support import ROOT, script_of
 
 pytestmark = pytest.mark.integration
@@ -448,3 +450,33 @@ def test_rebuild_projects_the_whole_log_again(
     projector.run(until_caught_up=True, idle_seconds=0.3)
     assert _tables(fresh_db)["runs"] == before["runs"]
     assert _tables(fresh_db)["run_events"] == before["run_events"]
+
+
+def test_a_projector_stalled_mid_batch_does_not_stop_the_next(
+    kafka_settings: KafkaSettings, fresh_db: str
+) -> None:
+    """A projector paused between its batch's pipelined statements keeps its row
+    locks (the partitions' stored offsets here) in a session the server never calls
+    idle: the next projector ends that session after the session timeout and
+    projects on, instead of waiting forever."""
+    kafka = kafka_settings.model_copy(update={"session_timeout_ms": 6000})
+    settings = _settings(kafka, fresh_db, k=5)
+    first = _write_interleaved(kafka, runs=3, seed=31)
+    assert _project(settings) == sum(len(v) for v in first.values())
+    more = _write_interleaved(kafka, runs=3, seed=32)
+    stalled = stalled_session(fresh_db, "SELECT * FROM projector_offsets FOR UPDATE")
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        projected = pool.submit(_project, settings)
+        # Bounded: a projector that waits for the lock waits forever.
+        assert projected.result(timeout=120) == sum(len(v) for v in more.values())
+        assert stalled.info.backend_pid not in server_sessions(fresh_db)
+    finally:
+        stalled.close()  # its locks go: a projector still waiting finishes
+        pool.shutdown(wait=True)
+    with psycopg.connect(fresh_db) as conn:
+        for run_id, events in more.items():
+            row = conn.execute(
+                "SELECT last_seq FROM runs WHERE run_id = %s", (run_id,)
+            ).fetchone()
+            assert row == (events[-1].seq,)
