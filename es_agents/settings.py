@@ -205,6 +205,13 @@ class Settings(BaseSettings):
     snapshot_every: int = Field(
         default=100, ge=1, description="K: snapshot every K events"
     )
+    warm_runs: int = Field(
+        default=128,
+        ge=0,
+        description="A worker keeps the loaded state of this many runs that last "
+        "paused in it: their next command skips the load while the worker still "
+        "owns their partition (0: every activation loads)",
+    )
     prices: dict[str, ModelPrice] = Field(
         default_factory=dict,
         description='Per model id, USD per million tokens: JSON like {"gpt-4o": '

@@ -55,6 +55,7 @@ from es_agents.run_loop import RunContext, RunLoop
 from es_agents.settings import Settings
 from es_agents.timer_service import BATCH, fire_timers
 from es_agents.vault import Cipher, SealedLedger, encrypts
+from es_agents.warm_runs import WarmRuns
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,7 @@ class Worker:
         self._group = group_id or f"{kafka.topic_prefix}.workers.{agent.name}"
         self.loader = RunLoader(ports.projections, ports.log, kafka.events_topic)
         self.ownership = Ownership(self._group, ports.projections, ports.writer)
+        self.warm = WarmRuns(settings.warm_runs, self.ownership.current_epoch)
         # What this worker runs: the gate compares it with what each run started under.
         declared = agent.versions()
         self.running = Versions(
@@ -296,6 +298,7 @@ class Worker:
         self._commit()
         self.tracker.forget(partitions)
         self.ownership.revoke(partitions)
+        self.warm.drop(partitions)
 
     def _start_recoveries(self) -> None:
         with self._lock:
@@ -416,11 +419,13 @@ class Worker:
             failure: tuple[str, str] | None = None
             unreadable: PayloadUnavailable | None = None
             try:
-                loop, actor.loop = actor.loop or RunLoop(self.ctx, actor), None
+                loop = actor.loop or self.warm.take(actor) or RunLoop(self.ctx, actor)
+                actor.loop = None
                 loop.drive()
                 if loop.yielded:
                     self._requeue(actor, loop)
                     return
+                self.warm.keep(loop)
             except FencedError as e:
                 # Another worker owns the partition now: stop writing, keep serving
                 # the rest. Its commands were not committed; the owner gets them.

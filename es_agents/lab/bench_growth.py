@@ -204,11 +204,18 @@ def _resume_ms(ports: Ports, worker: Any, run_id: str, at: int) -> float:
 
 
 @contextmanager
-def _serving(settings: Settings, agent: Any) -> Iterator[tuple[Ports, Any]]:
-    """A projector and a worker for ``agent``, each in a thread, until the end."""
+def _serving(
+    settings: Settings, agent: Any, warm: bool = False
+) -> Iterator[tuple[Ports, Any]]:
+    """A projector and a worker for ``agent``, each in a thread, until the end.
+    Not ``warm``: the worker keeps no paused run loaded, so each approval times the
+    load (snapshot, events, the log's tail) as a worker that did not pause the run
+    pays it."""
     ports = build_ports(settings)
     projector = build_projector(settings, batch_size=2000)
-    worker = build_worker(settings, agent)
+    worker = build_worker(
+        settings if warm else settings.model_copy(update={"warm_runs": 0}), agent
+    )
     threads = [
         threading.Thread(target=projector.run, daemon=True),
         threading.Thread(target=worker.run, daemon=True),
@@ -278,13 +285,14 @@ def _one(
 
 
 def _short_resume(
-    settings: Settings, resumes: int, echo: Callable[[str], None]
+    settings: Settings, resumes: int, echo: Callable[[str], None], warm: bool = False
 ) -> float:
     """A run of 10 events (the chat agent stopped at step 4), resumed ``resumes``
-    times: each approval is one more step, to the next stop."""
+    times: each approval is one more step, to the next stop. ``warm``: in the
+    worker that paused it, which still holds it (``ES_AGENTS_WARM_RUNS``)."""
     agent = Stops(_chat(100), [4 + 2 * n for n in range(resumes + 1)])
     run_id = f"growth-short-{uuid.uuid4().hex[:6]}"
-    with _serving(settings, agent) as (ports, worker):
+    with _serving(settings, agent, warm) as (ports, worker):
         ports.log.send(StartRun(run_id=run_id, agent=agent.name))
         _wait_paused(ports, run_id, 4, 120)
         row = ports.projections.run_row(run_id) or {}
@@ -293,7 +301,7 @@ def _short_resume(
     ms = round(statistics.median(times), 2)
     echo(
         f"a run of {int(str(row.get('last_seq', 0))) + 1} events: resume {ms} ms "
-        f"(median of {resumes})"
+        f"(median of {resumes}{', in the worker that paused it' if warm else ''})"
     )
     return ms
 
@@ -309,10 +317,12 @@ def bench_growth(
         chat = _one(settings, _chat(chat_steps), chat_steps, resumes, echo)
         research = _one(settings, _research(tool_calls), 2 * tool_calls, resumes, echo)
         short = _short_resume(settings, resumes, echo)
+        short_warm = _short_resume(settings, resumes, echo, warm=True)
     result: dict[str, object] = {
         "chat": chat,
         "research": research,
         "short_run_resume_ms": short,
+        "short_run_warm_resume_ms": short_warm,
         "fencing": settings.fencing,
         "snapshot_every": settings.snapshot_every,
     }
