@@ -16,25 +16,10 @@ from es_agents.app import build_ports, build_worker
 from es_agents.core.commands import Approve, StartRun
 from es_agents.core.events import Event
 from es_agents.core.fold import replay
-from es_agents.core.state import RunState
-from es_agents.core.step import Interrupt, Step
+from es_agents.lab.bench import GateLoop
 from es_agents.ports import Ports
 from es_agents.settings import KafkaSettings, Settings
 from es_agents.worker import Worker
-
-
-class GateLoop:
-    """Waits at gate ``g`` again each time it is approved."""
-
-    name = "gate-loop"
-    model = None
-    tools: dict[str, Any] = {}  # noqa: RUF012 - read-only
-
-    def plan(self, state: RunState) -> Step:
-        return Interrupt("awaiting_approval", gate="g")
-
-    def versions(self) -> dict[str, str | int]:
-        return {"agent_version": "gate-loop@1"}
 
 
 def _until(check: Callable[[], bool], what: str, seconds: float = 10) -> None:
@@ -74,7 +59,7 @@ def _approve_thrice(warm_runs: int) -> tuple[Worker, list[Event], int]:
     thread.start()
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     try:
-        ports.log.send(StartRun(run_id=run_id, agent="gate-loop"))
+        ports.log.send(StartRun(run_id=run_id, agent=GateLoop.name))
         _until(lambda: _paused(ports, run_id), "paused")
         for n in range(1, 4):
             ports.log.send(Approve(run_id=run_id, by="alice"))
@@ -113,7 +98,7 @@ def test_a_run_kept_under_an_older_epoch_is_loaded_again() -> None:
     thread.start()
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     try:
-        ports.log.send(StartRun(run_id=run_id, agent="gate-loop"))
+        ports.log.send(StartRun(run_id=run_id, agent=GateLoop.name))
         _until(lambda: len(worker.warm) == 1, "the paused run kept")
         worker.ownership.assign([0])  # a new epoch for the partition
         ports.log.send(Approve(run_id=run_id, by="alice"))
@@ -138,7 +123,7 @@ def test_the_kept_runs_are_bounded(size: int) -> None:
     runs = [f"run-{uuid.uuid4().hex[:8]}" for _ in range(4)]
     try:
         for run_id in runs:
-            ports.log.send(StartRun(run_id=run_id, agent="gate-loop"))
+            ports.log.send(StartRun(run_id=run_id, agent=GateLoop.name))
         _until(
             lambda: all(_paused(ports, r) for r in runs),
             "all paused",
