@@ -105,6 +105,18 @@ def _from_json(row: dict[str, Any]) -> Verdict:
     return Verdict(**{**row, **times})
 
 
+def _once_each(verdicts: Sequence[Decided]) -> list[Decided]:
+    """One verdict per command: one delivered twice (re-sent with its id, or
+    redelivered) may be decided twice in one batch, and one upsert cannot touch a
+    row twice. An applied verdict wins, as it does against a later one in the table."""
+    kept: dict[str, Decided] = {}
+    for v in verdicts:
+        seen = kept.get(v.command.command_id)
+        if seen is None or seen.status != "applied":
+            kept[v.command.command_id] = v
+    return list(kept.values())
+
+
 @final
 class PostgresCommandBook:
     """Scoped to one topic prefix: several deployments may share a database."""
@@ -120,6 +132,7 @@ class PostgresCommandBook:
         """Record the verdicts and wake their senders in one statement per 100: the
         notification carries the rows (the senders need not ask), or only their
         ids when the rows would not fit in a payload (8,000 bytes)."""
+        verdicts = _once_each(verdicts)
         for i in range(0, len(verdicts), 100):
             chunk = verdicts[i : i + 100]
             params: list[object] = []

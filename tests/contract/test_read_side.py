@@ -72,6 +72,29 @@ def test_verdicts_applied_are_final_and_starts_are_unique(ports: Ports) -> None:
     assert "already exists" in (book.reserve_start(other, run_exists=False) or "")
 
 
+def test_one_command_decided_twice_at_once_keeps_its_applied_verdict(
+    ports: Ports,
+) -> None:
+    """A command delivered twice (a client re-sent it with the same id, or the log
+    redelivered it) and decided twice in one activation: one verdict, the applied one
+    (Postgres refuses one upsert touching a row twice -- the worker crashed on it
+    over and over in a chaos run)."""
+    book = ports.book
+    run_id = f"r-{uuid.uuid4().hex[:8]}"
+    approve, other = Approve(run_id=run_id, by="p"), Approve(run_id=run_id, by="q")
+    book.sent(approve)
+    book.decided(
+        [
+            Decided(approve, "applied"),
+            Decided(other, "refused", "not at a gate"),
+            Decided(approve, "refused", "already applied"),
+            Decided(other, "refused", "not at a gate"),
+        ]
+    )
+    verdicts = {v.command_id: v.status for v in book.for_run(run_id)}
+    assert verdicts == {approve.command_id: "applied", other.command_id: "refused"}
+
+
 def test_a_waiting_sender_gets_its_verdict_with_the_reason(ports: Ports) -> None:
     book = ports.book
     run_id = f"r-{uuid.uuid4().hex[:8]}"
