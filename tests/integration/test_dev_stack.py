@@ -22,11 +22,13 @@ def _listening(port: int) -> bool:
 def test_up_is_idempotent_status_answers_and_down_stops_what_up_started(
     tmp_path: Path, dev_stack: DevStack
 ) -> None:
+    # Ports below the kernel's ephemeral range (32768-60999 here): a client socket of
+    # another test may hold any port in it (45432 was taken so once in CI).
     dev = DevSettings(
         home=tmp_path / "stack",
         kafka_port=29092,
         kafka_controller_port=29093,
-        postgres_port=45432,
+        postgres_port=25432,
         s3_port=29000,
     )
     stack = DevStack(dev)
@@ -49,7 +51,7 @@ def test_up_is_idempotent_status_answers_and_down_stops_what_up_started(
     finally:
         stack.down(log=lambda _line: None)
     assert not any(s.answers or s.pid for s in stack.status())
-    for port in (29092, 29093, 45432, 29000):
+    for port in (29092, 29093, 25432, 29000):
         assert not _listening(port)
     # The session's own stack was left alone.
     assert all(s.answers for s in dev_stack.status())
