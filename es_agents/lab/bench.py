@@ -422,7 +422,7 @@ def _running(worker: Worker) -> Iterator[Worker]:
         thread.join(30)
 
 
-def _approvals(worker: Worker, log: EventLog, run_id: str, n: int) -> list[float]:
+def approvals(worker: Worker, log: EventLog, run_id: str, n: int) -> list[float]:
     """Milliseconds from each of ``n`` approvals to the next step durable (one
     append: the command's `resumed` with the next step's event)."""
     times = []
@@ -476,7 +476,7 @@ def _bench_resume(
         cold = settings.model_copy(update={"warm_runs": 0})
         with _running(build_worker(cold, GateLoop())) as worker:
             for length, run_id in [(0, warm), *runs.items()]:
-                times = _approvals(worker, log, run_id, repeats)
+                times = approvals(worker, log, run_id, repeats)
                 if length == 0:
                     continue  # warm-up: connections, caches, the first fetch
                 results[length] = statistics.median(times)
@@ -487,8 +487,8 @@ def _bench_resume(
         # Warm: the worker that paused the run still holds it (ES_AGENTS_WARM_RUNS).
         with _running(build_worker(settings, GateLoop())) as worker:
             for length, run_id in [(0, warm), *runs.items()]:
-                _approvals(worker, log, run_id, 1)  # loads it; it pauses, kept
-                times = _approvals(worker, log, run_id, repeats)
+                approvals(worker, log, run_id, 1)  # loads it; it pauses, kept
+                times = approvals(worker, log, run_id, repeats)
                 if length == 0:
                     continue
                 warm_results[length] = statistics.median(times)

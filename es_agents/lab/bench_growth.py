@@ -36,7 +36,7 @@ from es_agents.app import build_ports, build_projector, build_worker
 from es_agents.core.commands import Approve, StartRun
 from es_agents.core.state import RunState
 from es_agents.core.step import Interrupt, Step
-from es_agents.lab.bench import scratch_settings
+from es_agents.lab.bench import approvals, scratch_settings
 from es_agents.models import ScriptedModel, call, reply
 from es_agents.ports import Ports
 from es_agents.settings import Settings
@@ -192,15 +192,7 @@ def _wait_paused(ports: Ports, run_id: str, step: int, timeout: float) -> None:
 def _resume_ms(ports: Ports, worker: Any, run_id: str, at: int) -> float:
     """Approve the stop at step ``at``: milliseconds to the next step durable."""
     _wait_paused(ports, run_id, at, 120)
-    before = len(worker.append_ms)
-    started = time.perf_counter()
-    ports.log.send(Approve(run_id=run_id, by="bench"))
-    deadline = started + 30
-    while len(worker.append_ms) < before + 1:
-        if time.perf_counter() > deadline:
-            raise RuntimeError(f"{run_id}: no step after the approval")
-        time.sleep(0.0002)
-    return (time.perf_counter() - started) * 1000
+    return approvals(worker, ports.log, run_id, 1)[0]
 
 
 @contextmanager
