@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from es_agents.agent import Agent
     from es_agents.client import Client
     from es_agents.payloads import ClaimCheck
-    from es_agents.worker import Worker
+    from es_agents.runtime.worker import Worker
     from projectors.runs import Projector
 
 # ruff: noqa: PLC0415 - adapters are imported only for the store that is chosen
@@ -160,7 +160,7 @@ def _kafka_ports(
     from es_agents.adapters.kafka_source import KafkaSource
     from es_agents.adapters.postgres import check_layout
     from es_agents.dead_letters import DeadLetterQueue
-    from es_agents.ownership import LogWriter
+    from es_agents.runtime.ownership import LogWriter
 
     kafka = settings.kafka
     db = _database(settings, pool_size, db_timeout, member)
@@ -207,7 +207,7 @@ def _postgres_ports(
     )
     from es_agents.adapters.postgres_source import PostgresSource
     from es_agents.dead_letters import DeadLetterQueue
-    from es_agents.ownership import LogWriter
+    from es_agents.runtime.ownership import LogWriter
 
     kafka = settings.kafka
     db = _database(settings, pool_size, db_timeout, member)
@@ -279,7 +279,7 @@ def _memory_ports(settings: Settings, restore: Any) -> Ports:
         MemorySource,
     )
     from es_agents.dead_letters import DeadLetterQueue
-    from es_agents.ownership import LogWriter
+    from es_agents.runtime.ownership import LogWriter
 
     kafka = settings.kafka
     shared = _memory(settings)
@@ -345,7 +345,7 @@ def build_tracer(settings: Settings) -> Tracer:
 
 def build_worker(settings: Settings, agent: Agent, **options: Any) -> Worker:
     """A worker for ``agent`` on the configured store (topics created if missing)."""
-    from es_agents.worker import Worker
+    from es_agents.runtime.worker import Worker
 
     ports = build_ports(settings, member=True)
     ports.ensure_topics()

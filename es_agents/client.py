@@ -39,7 +39,7 @@ from es_agents.core.step import Refused, decide, start
 from es_agents.dead_letters import DeadLetter, read_dead_letters
 from es_agents.errors import NotFound, PayloadUnavailable
 from es_agents.ports import Ports, Position, ServedAgent, Verdict
-from es_agents.resume import RunLoader
+from es_agents.runtime.loader import RunLoader
 from es_agents.settings import Settings, load_settings
 from es_agents.vault import Cipher
 

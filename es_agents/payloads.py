@@ -47,6 +47,21 @@ class ClaimCheck:
         if self.threshold < 1024:
             raise ConfigError("the payload threshold must be at least 1024 bytes")
 
+    def large(self, event: Event) -> bool:
+        """Whether ``claim`` may store any of the event's payloads away (a cheap
+        check on lengths, so that small events skip the object store's thread)."""
+        fields = FIELDS.get(type(event))
+        if fields is None:
+            return False
+        if any(
+            isinstance(v, str) and len(v) * 4 > self.threshold
+            for v in (getattr(event, name) for name in fields)
+        ):
+            return True
+        if isinstance(event, ModelResponded):
+            return any(len(c.args_json) * 4 > self.threshold for c in event.tool_calls)
+        return False
+
     def claim(self, event: Event) -> Event:
         """The event with its large payload fields stored away (or as it is)."""
         fields = FIELDS.get(type(event))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tenacity import (
+    AsyncRetrying,
     RetryCallState,
     Retrying,
     retry_if_exception_type,
@@ -53,6 +54,21 @@ def retrying(
         stop = stop | stop_after_delay(within)
     return Retrying(
         stop=stop,
+        wait=backoff(initial, maximum),
+        retry=retry_if_exception_type(on),
+        reraise=True,
+    )
+
+
+def aretrying(
+    tries: int,
+    on: tuple[type[BaseException], ...],
+    initial: float = 0.2,
+    maximum: float = 5.0,
+) -> AsyncRetrying:
+    """``retrying`` for a coroutine: its waits sleep on the event loop."""
+    return AsyncRetrying(
+        stop=stop_after_attempt(tries),
         wait=backoff(initial, maximum),
         retry=retry_if_exception_type(on),
         reraise=True,

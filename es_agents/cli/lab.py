@@ -27,7 +27,7 @@ def bench_steps_command(steps: int, fsync: bool) -> None:
 
     from es_agents.lab.bench import bench_steps  # noqa: PLC0415
 
-    logging.getLogger("es_agents.worker").setLevel(logging.WARNING)
+    logging.getLogger("es_agents.runtime.worker").setLevel(logging.WARNING)
     bench_steps(steps, click.echo, fsync=fsync)
 
 
@@ -41,7 +41,7 @@ def bench_resume_command(lengths: str, repeats: int, k: int) -> None:
 
     from es_agents.lab.bench import bench_resume  # noqa: PLC0415
 
-    logging.getLogger("es_agents.worker").setLevel(logging.WARNING)
+    logging.getLogger("es_agents.runtime.worker").setLevel(logging.WARNING)
     logging.getLogger("projectors.runs").setLevel(logging.WARNING)
     bench_resume([int(n) for n in lengths.split(",")], repeats, k, click.echo)
 
@@ -69,8 +69,8 @@ def bench_commands_command(events: int, repeats: int, cli_repeats: int) -> None:
 
     from es_agents.lab.bench_commands import bench_commands  # noqa: PLC0415
 
-    logging.getLogger("es_agents.worker").setLevel(logging.WARNING)
-    logging.getLogger("es_agents.run_loop").setLevel(logging.WARNING)
+    logging.getLogger("es_agents.runtime.worker").setLevel(logging.WARNING)
+    logging.getLogger("es_agents.runtime.run_loop").setLevel(logging.WARNING)
     logging.getLogger("projectors.runs").setLevel(logging.WARNING)
     bench_commands(events, repeats, cli_repeats, click.echo)
 
@@ -162,7 +162,7 @@ def bench_growth_command(chat_steps: int, tool_calls: int, resumes: int) -> None
 
     from es_agents.lab.bench_growth import bench_growth  # noqa: PLC0415
 
-    logging.getLogger("es_agents.worker").setLevel(logging.WARNING)
+    logging.getLogger("es_agents.runtime.worker").setLevel(logging.WARNING)
     logging.getLogger("projectors.runs").setLevel(logging.WARNING)
     bench_growth(chat_steps, tool_calls, resumes, click.echo)
 

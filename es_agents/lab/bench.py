@@ -37,10 +37,10 @@ from es_agents.core.events import Event, Interrupted, RunStarted, StatePatched
 from es_agents.core.step import CallTool, Finish, Interrupt, Step
 from es_agents.models import ScriptedModel, call, reply
 from es_agents.ports import EventLog
+from es_agents.runtime.worker import Worker
 from es_agents.settings import Settings, load_settings
 from es_agents.tools import ToolContext, tool
 from es_agents.vault import new_master_key
-from es_agents.worker import Worker
 
 
 class NoArgs(BaseModel):

@@ -29,8 +29,8 @@ import psycopg
 
 from es_agents.app import build_ports, build_projector
 from es_agents.lab.bench import GateLoop, append_paused, scratch_settings, worker_env
+from es_agents.runtime.timers import fire_timers
 from es_agents.settings import Settings
-from es_agents.timer_service import fire_timers
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 gate_loop = GateLoop()  # the runs wait at gate ``g``: the worker's agent

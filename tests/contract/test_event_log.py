@@ -12,7 +12,7 @@ from es_agents.core.events import Event, RunStarted, StatePatched
 from es_agents.core.fold import replay
 from es_agents.errors import FencedError
 from es_agents.ports import Ports
-from es_agents.resume import RunLoader
+from es_agents.runtime.loader import RunLoader
 from es_agents.settings import Settings
 
 

@@ -24,7 +24,7 @@ from es_agents.core.epochs import EpochFence, epoch_headers
 from es_agents.core.events import Event, RunStarted, StatePatched
 from es_agents.dev import DevStack
 from es_agents.errors import FencedError
-from es_agents.resume import RunLoader
+from es_agents.runtime.loader import RunLoader
 from es_agents.settings import KafkaSettings, Settings
 
 pytestmark = pytest.mark.integration

@@ -30,7 +30,7 @@ from es_agents.core.step import CallModel, request_hash
 from es_agents.core.transcript import CHUNK, Conversation, Message
 from es_agents.dev import DevStack
 from es_agents.lab.demo import script
-from es_agents.resume import RunLoader
+from es_agents.runtime.loader import RunLoader
 from es_agents.settings import KafkaSettings, Settings
 from projectors.runs import load_state
 from tests.stalls import server_sessions, stalled_session

@@ -17,8 +17,8 @@ import pytest
 from es_agents.adapters.memory_log import MemorySource
 from es_agents.core.state import RunState
 from es_agents.core.step import Finish, Interrupt, Step
+from es_agents.runtime.worker import Worker
 from es_agents.testing import AgentHarness, VirtualClock
-from es_agents.worker import Worker
 from tests.unit.test_readme import python_blocks
 
 

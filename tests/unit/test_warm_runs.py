@@ -18,8 +18,8 @@ from es_agents.core.events import Event
 from es_agents.core.fold import replay
 from es_agents.lab.bench import GateLoop
 from es_agents.ports import Ports
+from es_agents.runtime.worker import Worker
 from es_agents.settings import KafkaSettings, Settings
-from es_agents.worker import Worker
 
 
 def _until(check: Callable[[], bool], what: str, seconds: float = 10) -> None:

@@ -22,7 +22,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import final
 
-from es_agents.run_loop import Inbox, RunLoop
+from es_agents.runtime.context import RunActor
+from es_agents.runtime.run_loop import RunLoop
 
 
 @final
@@ -54,7 +55,7 @@ class WarmRuns:
             while len(self._loops) > self.size:
                 self._loops.popitem(last=False)
 
-    def take(self, actor: Inbox) -> RunLoop | None:
+    def take(self, actor: RunActor) -> RunLoop | None:
         """The run's kept loop, for ``actor``'s activation, if still current."""
         with self._lock:
             loop = self._loops.pop(actor.run_id, None)

@@ -1,36 +1,34 @@
 """The worker: owns partitions of the commands topic, so it owns their runs, and
-drives each run's loop under the step protocol (``run_loop``).
+drives them under the step protocol (``run_loop``).
 
-A run's loop ends at an interrupt or a terminal event and the worker forgets the
-run: a paused run is a row in the log (and a timer row when it sleeps), not a thread.
-Runs progress concurrently on a thread pool, one thread per active run, so a slow
-model call never blocks other runs of the partition. When more runs are active
-than there are threads, a run gives its thread up at the end of a step after a time
-slice (``run_loop.SLICE_SECONDS``; the step's outcome flushed) and queues again
-behind the others: every run progresses, however long the others are. One run's
-failure is that run's alone (``containment``); only the log or the database being
-unreachable stops the process (crash-only: a supervisor restarts it and every run
-resumes).
+Two threads do the work. The poll loop (the caller's thread) reads commands, routes
+each to its run's inbox, fires due timers and commits applied offsets. The runtime
+thread runs an event loop on which every active run is a coroutine (no thread per
+run: a paused or waiting run costs a task at most, and memory stays flat in the
+number of runs). A run's appends go through its partition's driver, which appends
+the ready steps of all the partition's runs as one batch; blocking calls run on
+bounded pools (``pools``). A run's loop ends at an interrupt or a terminal event and
+the worker forgets the run: a paused run is a row in the log, not a task.
 
-Each agent's workers form their own consumer group (``PREFIX.workers.AGENT``) on the
-shared commands topic, and apply only the commands of their agent's runs. The worker
-speaks to the store only through ``ports``.
+One run's failure is that run's alone (``containment``); only the log or the
+database being unreachable stops the process (crash-only: a supervisor restarts it
+and every run resumes). Each agent's workers form their own consumer group
+(``PREFIX.workers.AGENT``) on the shared commands topic, and apply only the commands
+of their agent's runs. The worker speaks to the store only through ``ports``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
-from es_agents import containment
 from es_agents.agent import Agent, code_revision, declared_gates
 from es_agents.approvals import Approvals, policies_of
 from es_agents.core.commands import Command, FireTimer, ForkRun, StartRun
@@ -46,33 +44,26 @@ from es_agents.errors import (
     RunError,
     Unavailable,
 )
-from es_agents.offsets import OffsetTracker
-from es_agents.ownership import Ownership, runs_to_resume
 from es_agents.ports import Decided, Ports, Position
 from es_agents.redaction import Redactor, has_secrets
-from es_agents.resume import RunLoader
-from es_agents.run_loop import RunContext, RunLoop
+from es_agents.runtime import containment
+from es_agents.runtime.context import RunActor, RunContext
+from es_agents.runtime.loader import RunLoader
+from es_agents.runtime.offsets import OffsetTracker
+from es_agents.runtime.ownership import Ownership, runs_to_resume
+from es_agents.runtime.pools import Blocking, Calls
+from es_agents.runtime.run_loop import RunLoop
+from es_agents.runtime.timers import BATCH, fire_timers
+from es_agents.runtime.warm_runs import WarmRuns
 from es_agents.settings import Settings
-from es_agents.timer_service import BATCH, fire_timers
 from es_agents.vault import Cipher, SealedLedger, encrypts
-from es_agents.warm_runs import WarmRuns
 
 log = logging.getLogger(__name__)
 
 _STARTS = (StartRun.wire_name, ForkRun.wire_name)  # commands that create a run
 
 HEARTBEAT_SECONDS = 5.0
-
-
-@dataclass
-class RunActor:
-    run_id: str
-    partition: int
-    inbox: deque[tuple[Command, int]] = field(default_factory=deque)
-    active: bool = False
-    wake: bool = False
-    stopping: bool = False
-    loop: RunLoop | None = None  # kept between time slices (the state in memory)
+STOP_SECONDS = 60.0  # at close, how long runs may take to reach a step's end
 
 
 class Worker:
@@ -88,6 +79,7 @@ class Worker:
         idle_seconds: float = 1.0,
         threads: int = 64,
     ) -> None:
+        """``threads``: tool and model calls of sync clients at once."""
         self.settings = settings
         self.agent = agent
         self.ports = ports
@@ -149,8 +141,9 @@ class Worker:
             max_event_bytes=kafka.max_event_bytes,
             done=self.tracker.done,
             start_agent=self.start_agent,
+            io=Blocking(),
+            calls=Calls(threads),
             lock=self._lock,
-            crowded=self._crowded,
             telemetry=ports.telemetry,
             tracer=ports.tracer,
             approvals=approvals,
@@ -160,8 +153,13 @@ class Worker:
         )
         # Milliseconds per acknowledged append (one per step), for benchmarks.
         self.append_ms = self.ctx.append_ms
-        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="run")
-        self._queued = 0  # tasks submitted to the pool and not started yet
+        # The runtime: an event loop on a thread of its own, every run a task.
+        self._loop = asyncio.new_event_loop()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._runtime = threading.Thread(
+            target=self._loop.run_forever, daemon=True, name="es-runtime"
+        )
+        self._runtime.start()
         # Runs of other agents seen starting here, and runs this process cannot
         # load (their commands are refused with the reason), both bounded.
         self._others: OrderedDict[str, str] = OrderedDict()
@@ -262,9 +260,17 @@ class Worker:
         with self._lock:
             for actor in self._actors.values():
                 actor.stopping = True
-        # Runs waiting for a thread are not started: the partitions' next owner
-        # resumes them (a crash-only exit leaves at once, its partitions with it).
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        # Active runs stop at the end of their step; runs not started are left to
+        # the partitions' next owner (a crash-only exit leaves at once, its
+        # partitions with it).
+        try:
+            asyncio.run_coroutine_threadsafe(self._wind_down(), self._loop).result(
+                STOP_SECONDS + 5
+            )
+        except (TimeoutError, RuntimeError):
+            log.warning("runs did not stop in %.0f s", STOP_SECONDS)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._runtime.join(5)
         try:
             self._commit()
             with contextlib.suppress(Unavailable):  # going down with the database
@@ -272,7 +278,18 @@ class Worker:
         finally:
             self.source.close()
             self.ownership.close()
+            self.ctx.io.close()
             self.ports.close()
+
+    async def _wind_down(self) -> None:
+        tasks = set(self._tasks)
+        if not tasks:
+            return
+        _, late = await asyncio.wait(tasks, timeout=STOP_SECONDS)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.wait(late, timeout=5)
 
     def _fire_timers(self) -> int:
         try:
@@ -306,12 +323,13 @@ class Worker:
             self._recovering.clear()
             self._busy_recoveries += len(todo)
         for partition in todo:
-            self._submit(self._recover_partition, partition)
+            self._submit(self._recover_partition(partition))
 
-    def _recover_partition(self, partition: int) -> None:
+    async def _recover_partition(self, partition: int) -> None:
         """Resume the runs of a partition that were running when it was last owned."""
         try:
-            runs = runs_to_resume(
+            runs = await self.ctx.io(
+                runs_to_resume,
                 self.log,
                 self.ports.projections,
                 self.settings.kafka.events_topic,
@@ -373,32 +391,22 @@ class Worker:
                 return
             actor.active = True
             actor.wake = False
-        self._submit(self._drive, actor)
+        self._submit(self._drive(actor))
 
-    def _submit(self, fn: Any, *args: Any) -> None:
-        with self._lock:
-            self._queued += 1
-        self._pool.submit(self._guard, fn, *args)
+    def _submit(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` as a task of the runtime (from any thread)."""
+        self._loop.call_soon_threadsafe(self._start, work)
 
-    def _crowded(self) -> bool:
-        """Work waits for a thread."""
-        return self._queued > 0
+    def _start(self, work: Coroutine[Any, Any, None]) -> None:
+        task = self._loop.create_task(self._guard(work))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    def _requeue(self, actor: RunActor, loop: RunLoop) -> None:
-        """A run whose slice ended: behind the work that waits, its loop kept."""
-        with self._lock:  # under the lock: close() cannot shut the pool in between
-            if self._stop.is_set() or actor.stopping:
-                actor.active = False  # the partition's next owner resumes it
-                return
-            actor.loop = loop
-            self._queued += 1
-            self._pool.submit(self._guard, self._drive, actor)
-
-    def _guard(self, fn: Any, *args: Any) -> None:
-        with self._lock:
-            self._queued -= 1
+    async def _guard(self, work: Coroutine[Any, Any, None]) -> None:
         try:
-            fn(*args)
+            await work
+        except asyncio.CancelledError:
+            raise
         except BaseException as e:
             log.exception("worker task failed")
             self._fatal = e
@@ -413,18 +421,14 @@ class Worker:
         )
         self.ports.telemetry.fenced(self.agent.name)
 
-    def _drive(self, actor: RunActor) -> None:
+    async def _drive(self, actor: RunActor) -> None:
         while True:
             loop: RunLoop | None = None
             failure: tuple[str, str] | None = None
             unreadable: PayloadUnavailable | None = None
             try:
-                loop = actor.loop or self.warm.take(actor) or RunLoop(self.ctx, actor)
-                actor.loop = None
-                loop.drive()
-                if loop.yielded:
-                    self._requeue(actor, loop)
-                    return
+                loop = self.warm.take(actor) or await RunLoop.open(self.ctx, actor)
+                await loop.drive()
                 self.warm.keep(loop)
             except FencedError as e:
                 # Another worker owns the partition now: stop writing, keep serving
@@ -447,12 +451,12 @@ class Worker:
                 failure = (kind, f"{type(e).__name__}: {e}")
             if unreadable is not None:
                 try:
-                    containment.contain_payload(self, actor, loop, unreadable)
+                    await containment.contain_payload(self, actor, loop, unreadable)
                 except FencedError as e:
                     self._fenced(actor, e)
                     self.forget(actor)
                     return
-            elif failure is not None and not containment.contain(
+            elif failure is not None and not await containment.contain(
                 self, actor, loop, *failure
             ):
                 return

@@ -2,9 +2,10 @@
 this worker owns, and which runs to resume when it gains one.
 
 On assignment the worker takes the partition's next epoch (its fencing token, passed
-to tools) and builds the store's fenced writer for it; the writer of a previous owner
-is fenced from then on. On revocation the writers close, so a loop still running for
-that partition can append nothing more.
+to tools) and builds the store's fenced writer for it, driven by the partition's
+driver (``driver``: group commit); the writer of a previous owner is fenced from then
+on. On revocation the writers close, so a loop still running for that partition can
+append nothing more.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from es_agents.core.chain import Sealed
 from es_agents.core.fold import fold
 from es_agents.core.state import RunState
 from es_agents.errors import DecodeError, EsAgentsError, FencedError
-from es_agents.ports import EventLog, PartitionWriter, Projections, WriterFactory
+from es_agents.ports import EventLog, Projections, WriterFactory
+from es_agents.runtime.driver import PartitionDriver
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +32,7 @@ class Ownership:
         self._projections = projections
         self._make_writer = make_writer
         self._lock = threading.Lock()
-        self._writers: dict[int, PartitionWriter] = {}
+        self._drivers: dict[int, PartitionDriver] = {}
         self._epochs: dict[int, int] = {}
 
     def assign(self, partitions: Iterable[int]) -> None:
@@ -41,28 +43,31 @@ class Ownership:
 
             writer = self._make_writer(self.group, partition, take_epoch)  # fences
             with self._lock:
+                old = self._drivers.pop(partition, None)
                 self._epochs[partition] = writer.epoch
-                self._writers[partition] = writer
+                self._drivers[partition] = PartitionDriver(writer, partition)
+            if old is not None:  # assigned again without a revoke: a new epoch
+                old.close()
 
     def revoke(self, partitions: Iterable[int]) -> None:
         with self._lock:
-            writers = [self._writers.pop(p) for p in partitions if p in self._writers]
+            drivers = [self._drivers.pop(p) for p in partitions if p in self._drivers]
             for partition in partitions:
                 self._epochs.pop(partition, None)
-        for writer in writers:
-            writer.close()
+        for driver in drivers:
+            driver.close()
 
     def close(self) -> None:
         with self._lock:
-            partitions = list(self._writers)
+            partitions = list(self._drivers)
         self.revoke(partitions)
 
-    def writer(self, partition: int) -> PartitionWriter:
+    def driver(self, partition: int) -> PartitionDriver:
         with self._lock:
-            writer = self._writers.get(partition)
-        if writer is None:
+            driver = self._drivers.get(partition)
+        if driver is None:
             raise FencedError(f"partition {partition} is not owned by this worker")
-        return writer
+        return driver
 
     def epoch(self, partition: int) -> int:
         epoch = self.current_epoch(partition)
@@ -77,8 +82,8 @@ class Ownership:
     def committed_end(self, partition: int) -> int:
         """The offset after this worker's last append on the partition (0: none)."""
         with self._lock:
-            writer = self._writers.get(partition)
-        return writer.committed_end if writer is not None else 0
+            driver = self._drivers.get(partition)
+        return driver.committed_end if driver is not None else 0
 
 
 def runs_to_resume(

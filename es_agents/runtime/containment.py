@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from es_agents.core.events import Event, Interrupted, RunFailed
 from es_agents.core.fold import fold
@@ -25,10 +25,8 @@ from es_agents.errors import (
     Unavailable,
 )
 from es_agents.ports import Decided
-from es_agents.run_loop import RunLoop
-
-if TYPE_CHECKING:
-    from es_agents.worker import RunActor, Worker
+from es_agents.runtime.context import RunActor, RunContext
+from es_agents.runtime.run_loop import RunLoop
 
 log = logging.getLogger(__name__)
 
@@ -44,19 +42,37 @@ def infrastructure(error: BaseException) -> bool:
     return module in _DRIVERS or isinstance(error, OSError)
 
 
-def contain_payload(
-    w: Worker, actor: RunActor, failed: RunLoop | None, error: PayloadUnavailable
+class Keeper(Protocol):
+    """What containment needs of the worker: its context, and to let a run go."""
+
+    ctx: RunContext
+
+    def forget(self, actor: RunActor) -> None:
+        """Stop driving the run here (another worker owns it now)."""
+        ...
+
+    def quarantine(self, actor: RunActor, reason: str) -> None:
+        """Refuse the run's commands, with ``reason``, until a restart."""
+        ...
+
+    def skip(self, partition: int, offset: int) -> None:
+        """A command handled without events: its offset may be committed."""
+        ...
+
+
+async def contain_payload(
+    w: Keeper, actor: RunActor, failed: RunLoop | None, error: PayloadUnavailable
 ) -> None:
     """A claim-checked payload the run needs cannot be read: pause the run with
     reason ``payload_unavailable`` (its position is known without payloads)."""
     log.warning("run %s: %s", actor.run_id, error)
-    loop = RunLoop(w.ctx, actor, restore=False)
+    loop = await RunLoop.open(w.ctx, actor, restore=False)
     if failed is not None:
         loop.applied = failed.applied
-    loop.apply_commands()  # deciding needs no payload; stepping does
+    await w.ctx.io(loop.apply_commands)  # deciding needs no payload; stepping does
     state = loop.state
     if state is None or state.status != "running":
-        loop.flush()
+        await loop.flush()
         return
     loop.add(
         Interrupted,
@@ -72,15 +88,15 @@ def contain_payload(
             }
         ),
     )
-    loop.flush()
+    await loop.flush()
 
 
-def contain(
-    w: Worker, actor: RunActor, loop: RunLoop | None, kind: str, reason: str
+async def contain(
+    w: Keeper, actor: RunActor, loop: RunLoop | None, kind: str, reason: str
 ) -> bool:
     """End the run with its failure; False when this worker must let it go."""
     try:
-        end_run(w, actor, loop, kind, reason)
+        await end_run(w, actor, loop, kind, reason)
     except FencedError as e:
         log.warning("run %s: %s", actor.run_id, e)
         w.forget(actor)
@@ -98,8 +114,8 @@ def contain(
     return True
 
 
-def end_run(  # noqa: PLR0912 - one branch per way a failure is kept
-    w: Worker, actor: RunActor, failed: RunLoop | None, kind: str, reason: str
+async def end_run(  # noqa: PLR0912 - one branch per way a failure is kept
+    w: Keeper, actor: RunActor, failed: RunLoop | None, kind: str, reason: str
 ) -> None:
     """Record ``run_failed`` (kind, reason) for a run that cannot go on.
 
@@ -110,7 +126,7 @@ def end_run(  # noqa: PLR0912 - one branch per way a failure is kept
     """
     log.warning("run %s failed (%s): %s", actor.run_id, kind, reason)
     try:
-        loop = RunLoop(w.ctx, actor)
+        loop = await RunLoop.open(w.ctx, actor)
     except (FencedError, Unavailable, AppendError):
         raise
     except Exception as e:
@@ -118,7 +134,7 @@ def end_run(  # noqa: PLR0912 - one branch per way a failure is kept
             raise Unavailable(f"run {actor.run_id}: {e!r}") from e
         w.quarantine(actor, f"run {actor.run_id} cannot be loaded: {e}")
         if failed is not None:
-            refuse_applied(w, failed, f"run failed ({kind}): {reason}")
+            await refuse_applied(w.ctx, failed, f"run failed ({kind}): {reason}")
             for offset in failed.applied:
                 w.skip(actor.partition, offset)
         return
@@ -138,19 +154,19 @@ def end_run(  # noqa: PLR0912 - one branch per way a failure is kept
         if kept:
             loop.verdicts = failed.verdicts
         else:
-            refuse_applied(w, failed, f"run failed ({kind}): {reason}")
+            await refuse_applied(w.ctx, failed, f"run failed ({kind}): {reason}")
             failed.verdicts = []
     if base.seq < 0 or base.terminal:
         loop.state = None
-        loop.flush()  # nothing to record; the commands' offsets are done
+        await loop.flush()  # nothing to record; the commands' offsets are done
         return
     loop.state, loop.buffer = base, kept
     loop.add(RunFailed, error=f"{kind}: {reason}"[:4000], kind=kind)
-    loop.flush()
+    await loop.flush()
 
 
-def refuse_applied(w: Worker, failed: RunLoop, reason: str) -> None:
+async def refuse_applied(ctx: RunContext, failed: RunLoop, reason: str) -> None:
     """Commands whose events were never made durable: refused, with the reason."""
-    w.ports.book.decided(
-        [Decided(v.command, "refused", reason) for v in failed.verdicts]
-    )
+    refused = [Decided(v.command, "refused", reason) for v in failed.verdicts]
+    if refused:
+        await ctx.io(ctx.book.decided, refused)

@@ -9,30 +9,28 @@ for a person -- never a silent second call.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
-from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import JsonValue
 
 from es_agents.core.events import Interrupted, ToolCallRequested, ToolReturned
 from es_agents.core.state import PendingToolCall, RunState
 from es_agents.core.step import CallTool, canonical_json
-from es_agents.daemon_pool import DaemonPool
 from es_agents.errors import FencedError, RetryableToolError, TerminalToolError
-from es_agents.retry import retrying
+from es_agents.retry import aretrying
+from es_agents.runtime.context import Stepping
+from es_agents.runtime.pools import Overdue
 from es_agents.tools import Lookup, Tool, ToolContext
-
-if TYPE_CHECKING:
-    from es_agents.run_loop import RunLoop
 
 log = logging.getLogger(__name__)
 
 TOOL_TRIES = 3
 
 
-def call_tool(loop: RunLoop, state: RunState, step: CallTool) -> None:
+async def call_tool(loop: Stepping, state: RunState, step: CallTool) -> None:
     number = state.step + 1
     key = f"{state.run_id}:{number}"
     tool = loop.agent.tools.get(step.tool)
@@ -45,7 +43,7 @@ def call_tool(loop: RunLoop, state: RunState, step: CallTool) -> None:
         idempotency_key=key,
         side_effect=tool.side_effect if tool is not None else False,
     )
-    loop.flush()  # write-ahead: nothing happens downstream before this is durable
+    await loop.flush()  # write-ahead: nothing happens downstream before it is durable
     result: Any
     error: str | None
     if tool is None:
@@ -53,52 +51,54 @@ def call_tool(loop: RunLoop, state: RunState, step: CallTool) -> None:
     else:
         ctx = context(loop, state.run_id, number, key)
         with loop.ctx.tracer.tool_call(step.tool, step.call_id) as span:
-            result, error = invoke(loop, tool, step.args, ctx)
+            result, error = await invoke(loop, tool, step.args, ctx)
             if error is not None:
                 span.set("error.type", "tool_error")
     loop.ctx.probe.hit("after_action:tool")
     if result is _UNCERTAIN:
-        uncertain(loop, state, key, step.tool, step.call_id, why=error)
+        await uncertain(loop, state, key, step.tool, step.call_id, why=error)
         return
     loop.add(ToolReturned, call_id=step.call_id, result_json=result, error=error)
 
 
 def context(
-    loop: RunLoop, run_id: str, step: int, key: str, attempt: int = 1
+    loop: Stepping, run_id: str, step: int, key: str, attempt: int = 1
 ) -> ToolContext:
     return ToolContext(
         run_id, step, key, attempt, partition=loop.actor.partition, epoch=loop.epoch
     )
 
 
-def invoke(
-    loop: RunLoop,
+async def invoke(
+    loop: Stepping,
     tool: Tool[Any],
     args: dict[str, JsonValue],
     ctx: ToolContext,
 ) -> tuple[Any, str | None]:
     """Call the tool (through the dedupe table when it needs one)."""
-    ledger = loop.ctx.ledger
+    ledger, io = loop.ctx.ledger, loop.ctx.io
     if tool.needs_dedupe_table:
-        record = ledger.begin(ctx.idempotency_key, ctx.run_id, ctx.step, tool.name)
+        record = await io(
+            ledger.begin, ctx.idempotency_key, ctx.run_id, ctx.step, tool.name
+        )
         if record.status == "done":
             return record.result_json, record.error
         if record.status == "started":
             return _UNCERTAIN, None
         loop.ctx.probe.hit("after_claim:tool")
     try:
-        result, error = _call(loop, tool, args, ctx)
+        result, error = await _call(loop, tool, args, ctx)
     except FencedError:
         if tool.needs_dedupe_table:  # refused downstream: the call did not happen
-            ledger.release(ctx.idempotency_key)
+            await io(ledger.release, ctx.idempotency_key)
         raise
     if tool.needs_dedupe_table and result is not _UNCERTAIN:
-        ledger.finish(ctx.idempotency_key, result, error)
+        await io(ledger.finish, ctx.idempotency_key, result, error)
     return result, error
 
 
-def _call(  # noqa: PLR0911 - one return per outcome of a call
-    loop: RunLoop,
+async def _call(  # noqa: PLR0911 - one return per outcome of a call
+    loop: Stepping,
     tool: Tool[Any],
     args: dict[str, JsonValue],
     ctx: ToolContext,
@@ -107,9 +107,9 @@ def _call(  # noqa: PLR0911 - one return per outcome of a call
     try:
         if redactor is not None:  # the tool gets its secrets' real values
             args = redactor.open_args(ctx.run_id, args)
-        for tried in retrying(TOOL_TRIES, on=(RetryableToolError,), maximum=2.0):
+        async for tried in aretrying(TOOL_TRIES, on=(RetryableToolError,), maximum=2.0):
             with tried:
-                value = _run_tool(tool, args, ctx)
+                value = await _run_tool(loop, tool, args, ctx)
                 if redactor is not None:  # and what it returns as secret is sealed
                     value = redactor.seal_result(ctx.run_id, value)
                 result = canonical_json(value)
@@ -137,20 +137,20 @@ def _call(  # noqa: PLR0911 - one return per outcome of a call
     return result, None
 
 
-def _run_tool(
-    tool: Tool[Any], args: dict[str, JsonValue], ctx: ToolContext
+async def _run_tool(
+    loop: Stepping, tool: Tool[Any], args: dict[str, JsonValue], ctx: ToolContext
 ) -> JsonValue:
-    """Call the tool on a daemon thread, waiting at most its timeout.
-
-    A call past its timeout keeps its thread (Python cannot stop one); daemon
-    threads never keep the worker from exiting.
-    """
-    if tool.timeout is None:
-        return tool(args, ctx)
-    future = _TOOL_THREADS.submit(lambda: tool(args, ctx))
+    """Call the tool, waiting at most its timeout: an ``async def`` tool on the
+    event loop (cancelled past its timeout), a plain one on a daemon thread of the
+    worker's bounded pool (left to finish past it: Python cannot stop a thread)."""
+    calls = loop.ctx.calls
     try:
-        result: JsonValue = future.result(tool.timeout)
-    except FutureTimeout as e:
+        if inspect.iscoroutinefunction(tool.fn):
+            call = tool.fn(tool.parse(args), ctx)
+            result: JsonValue = await calls.wait(call, tool.timeout)
+            return result
+        return await calls.run(lambda: tool(args, ctx), tool.timeout)
+    except Overdue as e:
         log.warning(
             "run %s: tool %s timed out after %s s",
             ctx.run_id,
@@ -158,15 +158,14 @@ def _run_tool(
             tool.timeout,
         )
         raise _TimedOut from e
-    return result
 
 
-def reconcile(loop: RunLoop, state: RunState, pending: PendingToolCall) -> None:
+async def reconcile(loop: Stepping, state: RunState, pending: PendingToolCall) -> None:
     """A ``tool_call_requested`` with no outcome: find out what happened by key,
     and record it as ``tool_returned`` marked reconciled (or pause, uncertain)."""
-    outcome = _reconciled_outcome(loop, state, pending)
+    outcome = await _reconciled_outcome(loop, state, pending)
     if outcome is not None and outcome[0] is _UNCERTAIN:
-        uncertain(
+        await uncertain(
             loop,
             state,
             pending.idempotency_key,
@@ -186,8 +185,8 @@ def reconcile(loop: RunLoop, state: RunState, pending: PendingToolCall) -> None:
         loop.ctx.telemetry.reconciled(loop.agent.name)
 
 
-def _reconciled_outcome(  # noqa: PLR0911 - one return per way of knowing
-    loop: RunLoop, state: RunState, pending: PendingToolCall
+async def _reconciled_outcome(  # noqa: PLR0911 - one return per way of knowing
+    loop: Stepping, state: RunState, pending: PendingToolCall
 ) -> tuple[str | None, str | None] | None:
     key = pending.idempotency_key
     resume = state.last_resume
@@ -199,31 +198,31 @@ def _reconciled_outcome(  # noqa: PLR0911 - one return per way of knowing
     ctx = context(loop, state.run_id, pending.step, key, attempt=2)
     args = _args(pending.args_json)
     if not tool.side_effect:
-        return _call(loop, tool, args, ctx)
+        return await _call(loop, tool, args, ctx)
     if tool.lookup is not None:
-        found = tool.lookup(key)
+        found = await loop.ctx.calls.run(lambda: tool.lookup(key))
         if found.status == "done":
             return canonical_json(found.result), None
         if found.status == "absent" and tool.honors_idempotency_key:
-            return _call(loop, tool, args, ctx)
-        uncertain(loop, state, key, pending.tool, pending.call_id, found)
+            return await _call(loop, tool, args, ctx)
+        await uncertain(loop, state, key, pending.tool, pending.call_id, found)
         return None
     if tool.honors_idempotency_key:
         # The downstream dedupes by key: calling again returns the first result.
-        return _call(loop, tool, args, ctx)
-    record = loop.ctx.ledger.get(key)
+        return await _call(loop, tool, args, ctx)
+    record = await loop.ctx.io(loop.ctx.ledger.get, key)
     if record is None:  # the call never started: the ledger row comes first
-        result, error = invoke(loop, tool, args, ctx)
+        result, error = await invoke(loop, tool, args, ctx)
         if result is not _UNCERTAIN:
             return result, error
     elif record.status == "done":
         return record.result_json, record.error
-    uncertain(loop, state, key, pending.tool, pending.call_id)
+    await uncertain(loop, state, key, pending.tool, pending.call_id)
     return None
 
 
-def uncertain(  # noqa: PLR0917 - what a person needs to settle it
-    loop: RunLoop,
+async def uncertain(  # noqa: PLR0917 - what a person needs to settle it
+    loop: Stepping,
     state: RunState,
     key: str,
     tool: str,
@@ -246,11 +245,10 @@ def uncertain(  # noqa: PLR0917 - what a person needs to settle it
             }
         ),
     )
-    loop.flush()
+    await loop.flush()
 
 
 _UNCERTAIN: Any = object()
-_TOOL_THREADS = DaemonPool("tool")
 
 
 class _TimedOut(Exception):

@@ -1,29 +1,28 @@
 """One activation of one run: load it, apply its commands, take steps until it waits.
 
-The step protocol lives here (DESIGN.md invariants 1-5): a step's intention is
-appended and acknowledged before its action starts; its outcome goes out with the
-next step's intention (one acknowledgement per step) and always before anything that
-follows from it acts. Whatever one run does wrong -- its planner or model raising,
-an output too large for the log, a fold that fails -- is raised as ``RunError`` and
-ends that run alone (the worker records it as ``run_failed`` with the kind).
+The step protocol: a step's intention is appended and acknowledged before its action
+starts; its outcome is appended (with the next step's intention, when the planner
+asks for one: one acknowledgement per step) before the planner reads it or anything
+that follows from it acts. Appends go through the partition's driver, which batches
+the appends of every run of the partition that is ready at once. Whatever one run
+does wrong -- its planner or model raising, an output too large for the log, a fold
+that fails -- is raised as ``RunError`` and ends that run alone (the worker records
+it as ``run_failed`` with the kind).
 
-A loop sees the world through a ``RunContext``: the ports and the few facts of its
-partition it needs, never the worker itself. Tool steps are in ``effects``.
+A loop is a coroutine on the worker's event loop; its blocking calls (the ports)
+run on ``ctx.io``. It sees the world through a ``RunContext``, never the worker.
+Tool steps are in ``effects``, model steps in ``model_steps``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import threading
 import time
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
-from es_agents import effects, lifecycle, model_steps
-from es_agents.approvals import Approvals
-from es_agents.core.chain import Sealed, seal
+from es_agents import lifecycle
+from es_agents.core.chain import GENESIS, Sealed, seal
 from es_agents.core.commands import (
     Approve,
     Command,
@@ -42,7 +41,7 @@ from es_agents.core.events import (
 from es_agents.core.fold import fold
 from es_agents.core.fork import fork_events
 from es_agents.core.gate import gate_events
-from es_agents.core.state import PendingModelCall, PendingToolCall, RunState, Versions
+from es_agents.core.state import PendingModelCall, PendingToolCall, RunState
 from es_agents.core.step import (
     CallModel,
     CallTool,
@@ -58,8 +57,7 @@ from es_agents.core.step import (
     start,
     timer_id,
 )
-from es_agents.core.versions import StateMigration, VersionPolicy, fingerprint
-from es_agents.dead_letters import DeadLetterQueue
+from es_agents.core.versions import fingerprint
 from es_agents.errors import (
     AppendError,
     ConfigError,
@@ -67,114 +65,56 @@ from es_agents.errors import (
     FencedError,
     RunError,
 )
-from es_agents.observability import NoTelemetry, NoTracer, Telemetry, Tracer
-from es_agents.payloads import ClaimCheck
-from es_agents.ports import (
-    CommandBook,
-    Decided,
-    EffectLedger,
-    EventLog,
-    PartitionWriter,
-    Position,
-    Probe,
-    Timers,
-)
-from es_agents.redaction import Redactor
-from es_agents.resume import RunLoader
-from es_agents.vault import Cipher, encrypted
+from es_agents.ports import Decided, Position
+from es_agents.runtime import effects, model_steps
+from es_agents.runtime.context import NotMine, RunActor, RunContext
+from es_agents.vault import encrypted
 
 log = logging.getLogger(__name__)
 
 STEP_TYPES = (CallModel, CallTool, PatchState, Interrupt, Finish, Fail)
-SLICE_SECONDS = 0.5  # a run's turn on a thread while other runs wait for one
-
-
-class NotMine(Exception):
-    """A command for a run of another agent: that agent's workers apply it."""
-
-
-class Owned(Protocol):
-    """What a loop needs to know of its partition's ownership."""
-
-    def epoch(self, partition: int) -> int:
-        """The owner's fencing token; raise ``FencedError`` when not owned."""
-        ...
-
-    def current_epoch(self, partition: int) -> int | None: ...
-
-    def writer(self, partition: int) -> PartitionWriter: ...
-
-    def committed_end(self, partition: int) -> int: ...
-
-
-@dataclass
-class RunContext:
-    """Everything a run's loop may touch: the ports, the running code's versions,
-    and callbacks into its partition's bookkeeping."""
-
-    agent: Any  # es_agents.agent.Agent (a Protocol of plan/tools/model/name)
-    running: Versions
-    policy: VersionPolicy
-    migrations: list[StateMigration]
-    gates: frozenset[str] | None
-    log: EventLog
-    loader: RunLoader
-    owned: Owned
-    book: CommandBook
-    ledger: EffectLedger
-    timers: Timers
-    dlq: DeadLetterQueue
-    claims: ClaimCheck | None
-    probe: Probe
-    commands_topic: str
-    max_event_bytes: int
-    done: Callable[[int, int], None]  # (partition, offset) applied
-    start_agent: Callable[[str], str | None]
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    crowded: Callable[[], bool] = lambda: False  # other runs wait for a thread
-    append_ms: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
-    telemetry: Telemetry = field(default_factory=NoTelemetry)
-    tracer: Tracer = field(default_factory=NoTracer)
-    approvals: Approvals | None = None  # the agent's gates with a policy
-    cipher: Cipher | None = None  # reveals encrypted payloads (and writes them)
-    encrypt: bool = False  # the agent's payloads are written encrypted
-    redactor: Redactor | None = None  # seals secret fields into tokens
-
-
-class Inbox(Protocol):
-    run_id: str
-    partition: int
-    inbox: deque[tuple[Command, int]]
-    stopping: bool
 
 
 class RunLoop:
     """One activation of one run: load, apply commands, take steps until it waits."""
 
-    def __init__(self, ctx: RunContext, actor: Inbox, restore: bool = True) -> None:
+    def __init__(self, ctx: RunContext, actor: RunActor) -> None:
         self.ctx = ctx
         self.actor = actor
         self.agent = ctx.agent
         self.buffer: list[Event] = []
         self.epoch = ctx.owned.epoch(actor.partition)  # this activation's token
-        # The partition's writer when this activation began: if the partition is
+        # The partition's driver when this activation began: if the partition is
         # revoked (even if it comes back), this loop can append nothing more.
-        self.writer = ctx.owned.writer(actor.partition)
+        self.driver = ctx.owned.driver(actor.partition)
         # Offsets of applied commands, done once their events are durable, and
         # the verdicts their senders wait for (written then too).
         self.applied: list[int] = []
         self.verdicts: list[Decided] = []
-        # Snapshot + at most K events (plus the projector's lag), not the whole log.
+        self.state: RunState | None = None
+        self.head = GENESIS  # the hash chain's head: the next event's prev
+
+    @classmethod
+    async def open(
+        cls, ctx: RunContext, actor: RunActor, restore: bool = True
+    ) -> RunLoop:
+        """The run loaded: snapshot + at most K events (plus the projector's lag),
+        not the whole log."""
+        loop = cls(ctx, actor)
+        await ctx.io(loop.load, restore)
+        return loop
+
+    def load(self, restore: bool = True) -> None:
+        ctx, actor = self.ctx, self.actor
         loaded = ctx.loader.load(
             actor.run_id,
             at_least=ctx.owned.committed_end(actor.partition),
             restore=restore,
         )
-        self.state: RunState | None = loaded.state
+        self.state = loaded.state
         if self.state is not None and ctx.encrypt and ctx.cipher is not None:
             self.state = ctx.cipher.reveal(actor.run_id, self.state, strict=True)
-        self.head = loaded.head  # the hash chain's head: the next event's prev
-        self.yielded = False  # the last drive() ended its time slice, not the run
+        self.head = loaded.head
 
     # -- appends -------------------------------------------------------------------
     def add(self, event_type: type[Event], **fields: object) -> Event:
@@ -189,22 +129,30 @@ class RunLoop:
         self.buffer.append(event)
         return event
 
-    def flush(self) -> None:
-        """Make everything buffered durable (one acknowledgement), then let the
-        offsets of the commands that caused it be committed."""
+    async def flush(self) -> None:
+        """Make everything buffered durable (one acknowledgement, shared with the
+        partition's other runs), then let the offsets of the commands that caused
+        it be committed."""
         ctx = self.ctx
         if self.buffer:
             if ctx.encrypt and ctx.cipher is not None:  # then claim the ciphertext
-                self.buffer = [ctx.cipher.encrypt_event(e) for e in self.buffer]
-            if ctx.claims is not None:  # large payloads to the object store first
-                self.buffer = [ctx.claims.claim(e) for e in self.buffer]
+                cipher = ctx.cipher
+                self.buffer = await ctx.io(
+                    lambda: [cipher.encrypt_event(e) for e in self.buffer]
+                )
+            claims = ctx.claims
+            if claims is not None and any(claims.large(e) for e in self.buffer):
+                # Large payloads to the object store first.
+                self.buffer = await ctx.io(
+                    lambda: [claims.claim(e) for e in self.buffer]
+                )
             sealed = self._seal()
             batch, self.buffer = [s.event for s in sealed], []
             for event in batch:
                 ctx.probe.hit(f"before_append:{event.wire_name}")
             started = time.perf_counter()
             try:
-                self._append(sealed)
+                await self._append(sealed)
             except (AppendError, FencedError):
                 self.state = None  # not durable: forget what we folded
                 raise
@@ -217,7 +165,8 @@ class RunLoop:
             for event in batch:
                 ctx.probe.hit(f"after_append:{event.wire_name}")
         verdicts, self.verdicts = self.verdicts, []
-        ctx.book.decided(verdicts)
+        if verdicts:
+            await ctx.io(ctx.book.decided, verdicts)
         applied, self.applied = self.applied, []
         for offset in applied:
             ctx.done(self.actor.partition, offset)
@@ -241,7 +190,7 @@ class RunLoop:
                 )
         return sealed
 
-    def _append(self, batch: list[Sealed]) -> None:
+    async def _append(self, batch: list[Sealed]) -> None:
         epoch = self.ctx.owned.current_epoch(self.actor.partition)
         if epoch is None:
             raise FencedError(
@@ -252,47 +201,45 @@ class RunLoop:
                 f"fenced: partition {self.actor.partition} was reassigned since "
                 f"run {self.actor.run_id} was loaded"
             )
-        self.writer.append(batch)
+        await self.driver.append(batch)
 
     # -- the loop ------------------------------------------------------------------
-    def drive(self) -> None:
-        """Apply the commands and take steps until the run waits, or until its
-        time slice ends while other runs wait for a thread (``yielded``; drive it
-        again later). One call: one span in the run's trace."""
-        self.yielded = False
+    async def drive(self) -> None:
+        """Apply the commands and take steps until the run waits. One call: one
+        span in the run's trace."""
         with self.ctx.tracer.activation(self.agent.name, self.actor.run_id):
-            self._drive()
+            await self._drive()
 
-    def _drive(self) -> None:
-        began = time.monotonic()
+    async def _drive(self) -> None:
         while True:
-            self.apply_commands()
+            if self.actor.inbox:
+                # Applying commands may read the database (a start's agent, a
+                # key, a fork's origin): off the loop, one hop for all of them.
+                await self.ctx.io(self.apply_commands)
             if self.state is not None and self.state.status in ("running", "blocked"):
-                self.check_versions(self.state)
+                await self.check_versions(self.state)
             state = self.state
             if state is None or state.status != "running" or self.actor.stopping:
-                self.flush()
+                await self.flush()
                 return
-            self.advance(state)
-            if time.monotonic() - began > SLICE_SECONDS and self.ctx.crowded():
-                self.flush()  # the step's outcome durable; the run goes on later
-                self.yielded = True
-                return
+            await self.advance(state)
+            if self.buffer:
+                await asyncio.sleep(0)  # a step without an append: let others step
 
-    def check_versions(self, state: RunState) -> None:
+    async def check_versions(self, state: RunState) -> None:
         """The version gate, on every activation of a running or blocked run."""
         ctx = self.ctx
         decided = gate_events(state, ctx.running, ctx.policy, ctx.migrations)
         for event_type, fields in decided.events:
             self.add(event_type, **fields)
         if decided.refused and decided.events:
-            self.flush()
+            await self.flush()
 
     def apply_commands(self) -> None:
-        """Apply every queued command. Their events become durable with the next
-        append -- with the intention of the step they allow, when the run goes on,
-        so a resume costs one acknowledgement -- and their offsets are committed
-        after it."""
+        """Apply every queued command (blocking: called through ``ctx.io``). Their
+        events become durable with the next append -- with the intention of the
+        step they allow, when the run goes on, so a resume costs one
+        acknowledgement -- and their offsets are committed after it."""
         while True:
             with self.ctx.lock:
                 item = self.actor.inbox.popleft() if self.actor.inbox else None
@@ -415,21 +362,21 @@ class RunLoop:
                 timer_id(state.run_id, waiting.since_seq), state.run_id, waiting.wake_at
             )
 
-    def advance(self, state: RunState) -> None:
+    async def advance(self, state: RunState) -> None:
         started = time.perf_counter()
         with self.ctx.tracer.step(
             self.agent.name, state.run_id, state.step + 1
         ) as span:
-            kind = self._advance(state)
+            kind = await self._advance(state)
             span.set("es_agents.step.kind", kind)
         self.ctx.telemetry.step(self.agent.name, kind, time.perf_counter() - started)
 
-    def _advance(self, state: RunState) -> str:  # noqa: PLR0911 - one per kind
+    async def _advance(self, state: RunState) -> str:  # noqa: PLR0911 - one per kind
         """Take one step; returns its kind (for metrics)."""
         pending = state.pending
         if isinstance(pending, PendingToolCall):
-            self.flush()  # reconciling may call the tool: what led here is durable
-            effects.reconcile(self, state, pending)
+            await self.flush()  # reconciling may call the tool: what led here first
+            await effects.reconcile(self, state, pending)
             return "reconcile"
         step = self._plan(state)
         if isinstance(pending, PendingModelCall):
@@ -438,26 +385,26 @@ class RunLoop:
                     f"run {state.run_id}: a model call is pending but "
                     f"the planner asked for {type(step).__name__}"
                 )
-            model_steps.call_model(self, state, step, attempt=pending.attempt + 1)
+            await model_steps.call_model(self, state, step, attempt=pending.attempt + 1)
             return "model"
         if isinstance(step, CallModel):
-            model_steps.call_model(self, state, step, attempt=1)
+            await model_steps.call_model(self, state, step, attempt=1)
             return "model"
         if isinstance(step, CallTool):
-            effects.call_tool(self, state, step)
+            await effects.call_tool(self, state, step)
             return "tool"
         if isinstance(step, PatchState):
             self.add(StatePatched, key=step.key, value_json=canonical_json(step.value))
             return "patch"
         if isinstance(step, Interrupt):
-            self.interrupt(state, step)
+            await self.interrupt(state, step)
             return "interrupt"
         if isinstance(step, Finish):
             self.add(RunCompleted, output_json=canonical_json(step.output))
-            self.flush()
+            await self.flush()
             return "finish"
         self.add(RunFailed, error=step.error, kind=step.kind)  # Fail
-        self.flush()
+        await self.flush()
         return "fail"
 
     def _plan(self, state: RunState) -> Any:
@@ -472,7 +419,7 @@ class RunLoop:
             )
         return step
 
-    def interrupt(self, state: RunState, step: Interrupt) -> None:
+    async def interrupt(self, state: RunState, step: Interrupt) -> None:
         if step.reason == "awaiting_approval" and step.gate is not None:
             out = EventBuilder(state)
             if pass_gate(state, step.gate, out):
@@ -490,7 +437,10 @@ class RunLoop:
                 raise RunError("planner_error", "Interrupt('sleeping') needs wake_at")
             # The timer row is written before the pause is durable: a crash in
             # between leaves a timer that wakes nothing, never a sleep without one.
-            self.ctx.timers.schedule(
-                timer_id(state.run_id, event.seq), state.run_id, step.wake_at
+            await self.ctx.io(
+                self.ctx.timers.schedule,
+                timer_id(state.run_id, event.seq),
+                state.run_id,
+                step.wake_at,
             )
-        self.flush()
+        await self.flush()

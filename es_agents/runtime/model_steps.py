@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from es_agents.core.events import ModelCallRequested, ModelResponded
 from es_agents.core.state import RunState
@@ -23,10 +22,8 @@ from es_agents.errors import (
     Unavailable,
 )
 from es_agents.models import Completion, ModelClient
-from es_agents.retry import retrying
-
-if TYPE_CHECKING:
-    from es_agents.run_loop import RunLoop
+from es_agents.retry import aretrying
+from es_agents.runtime.context import Stepping
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +35,9 @@ class _ModelUnavailable(Unavailable):
     ``Unavailable`` is the worker's (crash-only), never a run's failure."""
 
 
-def call_model(loop: RunLoop, state: RunState, step: CallModel, attempt: int) -> None:
+async def call_model(
+    loop: Stepping, state: RunState, step: CallModel, attempt: int
+) -> None:
     """Request (durable), call, record. Each retry of the call is requested
     again first (``attempt`` + 1), so every call the model saw is in the log."""
     model = loop.agent.model
@@ -47,16 +46,16 @@ def call_model(loop: RunLoop, state: RunState, step: CallModel, attempt: int) ->
             "planner_error",
             f"agent {loop.agent.name} asked for a model but has none",
         )
-    policy = retrying(MODEL_TRIES, on=(Unavailable, RetryableToolError))
+    policy = aretrying(MODEL_TRIES, on=(Unavailable, RetryableToolError))
     try:
-        for tried in policy:
+        async for tried in policy:
             # The request is outside the retried block: only the model's own
             # failures are retried, never the log's or the database's.
             number = attempt + tried.retry_state.attempt_number - 1
-            _request(loop, state, step, model.model_id, number)
-            _read_conversation(step)
+            await _request(loop, state, step, model.model_id, number)
+            await _read_conversation(loop, step)
             with tried:
-                completion = _timed(loop, model, step)
+                completion = await _timed(loop, model, step)
     except _ModelUnavailable as e:
         raise RunError(
             "model_unavailable", f"{e} (gave up after {MODEL_TRIES} tries)"
@@ -78,8 +77,8 @@ def call_model(loop: RunLoop, state: RunState, step: CallModel, attempt: int) ->
     # The outcome goes out with the next step's intention: one ack per step.
 
 
-def _request(
-    loop: RunLoop, state: RunState, step: CallModel, model_id: str, attempt: int
+async def _request(
+    loop: Stepping, state: RunState, step: CallModel, model_id: str, attempt: int
 ) -> None:
     loop.add(
         ModelCallRequested,
@@ -89,24 +88,24 @@ def _request(
         params_json=canonical_json({"model": model_id, **step.params}),
         attempt=attempt,
     )
-    loop.flush()  # write-ahead: the intention (and the last outcome) are durable
+    await loop.flush()  # write-ahead: the intention (and the last outcome) durable
 
 
-def _read_conversation(step: CallModel) -> None:
+async def _read_conversation(loop: Stepping, step: CallModel) -> None:
     """A resumed run's stored messages, read before the model is called: failing to
     read them is the database's failure (the worker's: crash-only), not the
     model's, which would be retried and then fail the run."""
     if isinstance(step.messages, Conversation):
-        step.messages.transcript.read_all()
+        await loop.ctx.io(step.messages.transcript.read_all)
 
 
-def _timed(loop: RunLoop, model: ModelClient, step: CallModel) -> Completion:
+async def _timed(loop: Stepping, model: ModelClient, step: CallModel) -> Completion:
     """``_complete``, its latency and outcome reported to the telemetry."""
     started = time.perf_counter()
     ok = False
     try:
         with loop.ctx.tracer.model_call(model.model_id) as span:
-            completion = _complete(loop, model, step)
+            completion = await _complete(loop, model, step)
             span.set("gen_ai.response.model", completion.model_id or model.model_id)
             span.set("gen_ai.usage.input_tokens", completion.usage.prompt_tokens)
             span.set("gen_ai.usage.output_tokens", completion.usage.completion_tokens)
@@ -120,11 +119,11 @@ def _timed(loop: RunLoop, model: ModelClient, step: CallModel) -> Completion:
         )
 
 
-def _complete(loop: RunLoop, model: ModelClient, step: CallModel) -> Completion:
+async def _complete(loop: Stepping, model: ModelClient, step: CallModel) -> Completion:
     """One call. ``Unavailable`` and ``RetryableToolError`` are retried by the
     caller; a refusal or a client bug ends the run (``model_error``)."""
     try:
-        completion = model.complete(step.messages, step.params, step.tools)
+        completion = await _ask(loop, model, step)
     except Unavailable as e:
         log.warning("run %s: model call failed (%s)", loop.actor.run_id, e)
         raise _ModelUnavailable(str(e)) from e
@@ -141,3 +140,15 @@ def _complete(loop: RunLoop, model: ModelClient, step: CallModel) -> Completion:
             f"model returned {type(completion).__name__}, not a Completion",
         )
     return completion
+
+
+async def _ask(loop: Stepping, model: ModelClient, step: CallModel) -> Completion:
+    """An async client (``acomplete``, e.g. on an SDK's async client) is awaited on
+    the event loop; a sync one runs on a thread of the worker's bounded pool."""
+    acomplete = getattr(model, "acomplete", None)
+    if acomplete is not None:
+        completion: Completion = await acomplete(step.messages, step.params, step.tools)
+        return completion
+    return await loop.ctx.calls.run(
+        lambda: model.complete(step.messages, step.params, step.tools)
+    )

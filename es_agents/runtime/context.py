@@ -1,0 +1,104 @@
+"""What one run's loop may touch: the ports, the running code's versions, its
+partition's driver, and the pools its blocking calls run on -- never the worker.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from es_agents.approvals import Approvals
+from es_agents.core.commands import Command
+from es_agents.core.events import Event
+from es_agents.core.state import Versions
+from es_agents.core.versions import StateMigration, VersionPolicy
+from es_agents.dead_letters import DeadLetterQueue
+from es_agents.observability import NoTelemetry, NoTracer, Telemetry, Tracer
+from es_agents.payloads import ClaimCheck
+from es_agents.ports import CommandBook, EffectLedger, EventLog, Probe, Timers
+from es_agents.redaction import Redactor
+from es_agents.runtime.driver import PartitionDriver
+from es_agents.runtime.loader import RunLoader
+from es_agents.runtime.pools import Blocking, Calls
+from es_agents.vault import Cipher
+
+
+class NotMine(Exception):
+    """A command for a run of another agent: that agent's workers apply it."""
+
+
+class Owned(Protocol):
+    """What a loop needs to know of its partition's ownership."""
+
+    def epoch(self, partition: int) -> int:
+        """The owner's fencing token; raise ``FencedError`` when not owned."""
+        ...
+
+    def current_epoch(self, partition: int) -> int | None: ...
+
+    def driver(self, partition: int) -> PartitionDriver: ...
+
+    def committed_end(self, partition: int) -> int: ...
+
+
+@dataclass
+class RunActor:
+    """A run this worker drives: its inbox of commands (filled by the poll loop)
+    and whether a task drives it now."""
+
+    run_id: str
+    partition: int
+    inbox: deque[tuple[Command, int]] = field(default_factory=deque)
+    active: bool = False
+    wake: bool = False
+    stopping: bool = False
+
+
+@dataclass
+class RunContext:
+    """Everything a run's loop may touch."""
+
+    agent: Any  # es_agents.agent.Agent (a Protocol of plan/tools/model/name)
+    running: Versions
+    policy: VersionPolicy
+    migrations: list[StateMigration]
+    gates: frozenset[str] | None
+    log: EventLog
+    loader: RunLoader
+    owned: Owned
+    book: CommandBook
+    ledger: EffectLedger
+    timers: Timers
+    dlq: DeadLetterQueue
+    claims: ClaimCheck | None
+    probe: Probe
+    commands_topic: str
+    max_event_bytes: int
+    done: Callable[[int, int], None]  # (partition, offset) applied
+    start_agent: Callable[[str], str | None]
+    io: Blocking = field(default_factory=Blocking)  # the ports' blocking calls
+    calls: Calls = field(default_factory=Calls)  # sync tools and model clients
+    lock: threading.Lock = field(default_factory=threading.Lock)  # the inboxes
+    append_ms: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
+    telemetry: Telemetry = field(default_factory=NoTelemetry)
+    tracer: Tracer = field(default_factory=NoTracer)
+    approvals: Approvals | None = None  # the agent's gates with a policy
+    cipher: Cipher | None = None  # reveals encrypted payloads (and writes them)
+    encrypt: bool = False  # the agent's payloads are written encrypted
+    redactor: Redactor | None = None  # seals secret fields into tokens
+
+
+class Stepping(Protocol):
+    """What a step (``effects``, ``model_steps``) needs of its run's loop."""
+
+    ctx: RunContext
+    agent: Any
+    actor: RunActor
+    epoch: int
+
+    def add(self, event_type: type[Event], **fields: object) -> Event: ...
+
+    async def flush(self) -> None: ...

@@ -1,0 +1,78 @@
+"""Where blocking work runs while the event loop steps runs: the ports' calls
+(Postgres, the object store, reading the log) on one bounded pool, synchronous
+tools and model clients on another whose threads are daemons (a call past its
+timeout keeps its thread: Python cannot stop one, and it must not keep a stopping
+worker alive). ``async def`` tools and async model clients need neither: they are
+awaited on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import ParamSpec, TypeVar, final
+
+from es_agents.runtime.daemon_pool import DaemonPool
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+@final
+class Blocking:
+    """The ports' blocking calls, at most ``size`` at a time."""
+
+    def __init__(self, size: int = 16) -> None:
+        self._pool = ThreadPoolExecutor(size, thread_name_prefix="es-io")
+
+    async def __call__(
+        self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
+    ) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._pool, functools.partial(fn, *args, **kwargs)
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+class Overdue(Exception):
+    """A call still running past its timeout."""
+
+
+@final
+class Calls:
+    """Tool and model calls: synchronous ones at most ``limit`` at once per worker,
+    each on a daemon thread; every one waited for at most its timeout."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self.limit = limit
+        self._threads = DaemonPool("es-call")
+        self._slots: asyncio.Semaphore | None = None
+
+    def _semaphore(self) -> asyncio.Semaphore:
+        if self._slots is None:  # made on the loop it is used on
+            self._slots = asyncio.Semaphore(self.limit)
+        return self._slots
+
+    async def run(self, fn: Callable[[], T], timeout: float | None = None) -> T:
+        """``fn()`` on a daemon thread; ``Overdue`` past ``timeout`` (the thread
+        goes on, its result is dropped)."""
+        async with self._semaphore():
+            return await _within(asyncio.wrap_future(self._threads.submit(fn)), timeout)
+
+    async def wait(self, call: Awaitable[T], timeout: float | None = None) -> T:
+        """An ``async`` call on the loop; cancelled and ``Overdue`` past
+        ``timeout``."""
+        return await _within(asyncio.ensure_future(call), timeout)
+
+
+async def _within(task: asyncio.Future[T], timeout: float | None) -> T:
+    done, _ = await asyncio.wait({task}, timeout=timeout)
+    if not done:
+        task.cancel()  # a coroutine stops; a thread's call goes on, unheard
+        raise Overdue
+    return task.result()
