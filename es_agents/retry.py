@@ -4,7 +4,9 @@ and the log's metadata waits."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
 
 from tenacity import (
     AsyncRetrying,
@@ -65,11 +67,30 @@ def aretrying(
     on: tuple[type[BaseException], ...],
     initial: float = 0.2,
     maximum: float = 5.0,
+    wait_first: bool = False,
 ) -> AsyncRetrying:
-    """``retrying`` for a coroutine: its waits sleep on the event loop."""
+    """``retrying`` for a coroutine: its waits sleep on the event loop.
+    ``wait_first``: these tries follow one that failed already (made without the
+    policy): wait before the first of them too."""
+    if wait_first:
+        return AsyncRetrying(
+            stop=stop_after_attempt(tries),
+            wait=backoff(initial, maximum),
+            retry=retry_if_exception_type(on),
+            before=_wait_first(initial),
+            reraise=True,
+        )
     return AsyncRetrying(
         stop=stop_after_attempt(tries),
         wait=backoff(initial, maximum),
         retry=retry_if_exception_type(on),
         reraise=True,
     )
+
+
+def _wait_first(initial: float) -> Callable[[RetryCallState], Awaitable[None]]:
+    async def wait(state: RetryCallState) -> None:
+        if state.attempt_number == 1:
+            await asyncio.sleep(initial + random.uniform(0, initial))  # noqa: S311
+
+    return wait

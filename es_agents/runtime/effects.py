@@ -107,12 +107,13 @@ async def _call(  # noqa: PLR0911 - one return per outcome of a call
     try:
         if redactor is not None:  # the tool gets its secrets' real values
             args = redactor.open_args(ctx.run_id, args)
-        async for tried in aretrying(TOOL_TRIES, on=(RetryableToolError,), maximum=2.0):
-            with tried:
-                value = await _run_tool(loop, tool, args, ctx)
-                if redactor is not None:  # and what it returns as secret is sealed
-                    value = redactor.seal_result(ctx.run_id, value)
-                result = canonical_json(value)
+        try:  # the first try without the retry policy's machinery (the usual case)
+            value = await _run_tool(loop, tool, args, ctx)
+        except RetryableToolError:
+            value = await _retry_tool(loop, tool, args, ctx)
+        if redactor is not None:  # and what it returns as secret is sealed
+            value = redactor.seal_result(ctx.run_id, value)
+        result = canonical_json(value)
     except _TimedOut:
         if tool.side_effect:  # it may still happen: a person decides
             return _UNCERTAIN, f"timed out after {tool.timeout} s"
@@ -135,6 +136,19 @@ async def _call(  # noqa: PLR0911 - one return per outcome of a call
             "configured for payloads"
         )
     return result, None
+
+
+async def _retry_tool(
+    loop: Stepping, tool: Tool[Any], args: dict[str, JsonValue], ctx: ToolContext
+) -> JsonValue:
+    """The tries after a first ``RetryableToolError``, with the retry policy's
+    waits (the last error is raised)."""
+    async for tried in aretrying(
+        TOOL_TRIES - 1, on=(RetryableToolError,), maximum=2.0, wait_first=True
+    ):
+        with tried:
+            return await _run_tool(loop, tool, args, ctx)
+    raise AssertionError("unreachable: the policy raises its last error")
 
 
 async def _run_tool(

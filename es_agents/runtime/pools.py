@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import ParamSpec, TypeVar, final
 
 from es_agents.runtime.daemon_pool import DaemonPool
@@ -62,17 +62,42 @@ class Calls:
         """``fn()`` on a daemon thread; ``Overdue`` past ``timeout`` (the thread
         goes on, its result is dropped)."""
         async with self._semaphore():
-            return await _within(asyncio.wrap_future(self._threads.submit(fn)), timeout)
+            loop = asyncio.get_running_loop()
+            answer: asyncio.Future[T] = loop.create_future()
+
+            def settle(done: Future[T]) -> None:  # on the call's thread
+                loop.call_soon_threadsafe(_copy, done, answer)
+
+            self._threads.submit(fn).add_done_callback(settle)
+            if timeout is None:
+                return await answer
+            late = loop.call_later(timeout, _expire, answer)
+            try:
+                return await answer
+            finally:
+                late.cancel()
 
     async def wait(self, call: Awaitable[T], timeout: float | None = None) -> T:
         """An ``async`` call on the loop; cancelled and ``Overdue`` past
         ``timeout``."""
-        return await _within(asyncio.ensure_future(call), timeout)
+        task = asyncio.ensure_future(call)
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if not done:
+            task.cancel()
+            raise Overdue
+        return task.result()
 
 
-async def _within(task: asyncio.Future[T], timeout: float | None) -> T:
-    done, _ = await asyncio.wait({task}, timeout=timeout)
-    if not done:
-        task.cancel()  # a coroutine stops; a thread's call goes on, unheard
-        raise Overdue
-    return task.result()
+def _copy(done: Future[T], answer: asyncio.Future[T]) -> None:
+    if answer.done():  # expired meanwhile
+        return
+    error = done.exception()
+    if error is not None:
+        answer.set_exception(error)
+    else:
+        answer.set_result(done.result())
+
+
+def _expire(answer: asyncio.Future[T]) -> None:
+    if not answer.done():
+        answer.set_exception(Overdue())
