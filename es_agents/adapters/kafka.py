@@ -147,6 +147,40 @@ def consume_now(consumer: Consumer, max_messages: int, timeout: float) -> list[M
 
 
 @final
+class _Acks:
+    """The acknowledgements of one batch, counted down by delivery reports (on the
+    poller thread, or on a producing thread that polls while the queue is full)."""
+
+    def __init__(self, count: int) -> None:
+        self.positions: list[Position] = [Position("", -1, -1)] * count
+        self.error: KafkaError | None = None
+        self.done = threading.Event()
+        self._left = count
+        self._lock = threading.Lock()
+        if count == 0:
+            self.done.set()
+
+    def delivered(self, i: int) -> Callable[[KafkaError | None, Message], None]:
+        def report(err: KafkaError | None, msg: Message) -> None:
+            # Must never raise: no later acknowledgement would be served.
+            if err is not None:
+                self.error = err
+            else:  # an offset may be unknown after a retry across a restart (-1)
+                offset, partition = msg.offset(), msg.partition()
+                self.positions[i] = Position(
+                    msg.topic() or "",
+                    partition if partition is not None else -1,
+                    offset if offset is not None else -1,
+                )
+            with self._lock:
+                self._left -= 1
+                if self._left == 0:
+                    self.done.set()
+
+        return report
+
+
+@final
 class KafkaProducerLink:
     """One idempotent producer per process, with futures for acknowledgements."""
 
@@ -223,6 +257,54 @@ class KafkaProducerLink:
                 raise AppendError(f"{topic} key {key}: cannot produce: {e}") from e
             else:
                 return future
+
+    def append_all(
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[
+            tuple[str | None, bytes, list[tuple[str, str | bytes | None]]]
+        ],
+    ) -> list[Position]:
+        """Hand ``records`` (key, value, headers) to the producer for one partition
+        and block until every one is acknowledged: one countdown for the batch, not
+        a future per record (a batch of a hundred runs' steps is the usual case)."""
+        acks = _Acks(len(records))
+        for i, (key, value, headers) in enumerate(records):
+            self._produce(topic, key, value, headers, partition, acks.delivered(i))
+        timeout = self.settings.delivery_timeout_ms / 1000 + 5
+        if not acks.done.wait(timeout):
+            raise AppendError(f"no acknowledgement within {timeout:.0f}s")
+        if acks.error is not None:
+            raise AppendError(f"{topic}[{partition}]: not acknowledged: {acks.error}")
+        return acks.positions
+
+    def _produce(  # noqa: PLR0917 - librdkafka's produce, one place
+        self,
+        topic: str,
+        key: str | None,
+        value: bytes,
+        headers: list[tuple[str, str | bytes | None]] | None,
+        partition: int,
+        delivered: Callable[[KafkaError | None, Message], None],
+    ) -> None:
+        while True:
+            try:
+                self._producer.produce(
+                    topic,
+                    value=value,
+                    key=key,
+                    headers=headers,
+                    partition=partition,
+                    on_delivery=delivered,
+                )
+            except BufferError:
+                # The local queue is full: wait for acknowledgements to drain it.
+                self._producer.poll(0.01)
+            except KafkaException as e:
+                raise AppendError(f"{topic} key {key}: cannot produce: {e}") from e
+            else:
+                return
 
     def wait(self, futures: Sequence[Future[Position]]) -> list[Position]:
         """Block until every future has its acknowledgement (or its error).

@@ -250,18 +250,18 @@ class EpochWriter:
         tail = self._tail
         if tail.fenced_at is not None:
             tail.read_past(tail.fenced_at)  # raises FencedError
-        link = self._link
-        futures = [
-            link.produce(
-                self.topic,
-                r.event.run_id,
-                r.value,
-                [*self._headers, *r.headers] if r.headers else self._headers,
-                partition=self.partition,
-            )
-            for r in records
-        ]
-        positions = link.wait(futures)
+        positions = self._link.append_all(
+            self.topic,
+            self.partition,
+            [
+                (
+                    r.event.run_id,
+                    r.value,
+                    [*self._headers, *r.headers] if r.headers else self._headers,
+                )
+                for r in records
+            ],
+        )
         self._confirm(max(p.offset for p in positions))
 
     def _confirm(self, offset: int) -> None:

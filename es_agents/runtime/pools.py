@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import Awaitable, Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar, final
 
 from es_agents.runtime.daemon_pool import DaemonPool
@@ -65,10 +65,15 @@ class Calls:
             loop = asyncio.get_running_loop()
             answer: asyncio.Future[T] = loop.create_future()
 
-            def settle(done: Future[T]) -> None:  # on the call's thread
-                loop.call_soon_threadsafe(_copy, done, answer)
+            def call() -> None:  # on the daemon thread
+                try:
+                    result = fn()
+                except BaseException as e:
+                    loop.call_soon_threadsafe(_fail, answer, e)
+                else:
+                    loop.call_soon_threadsafe(_settle, answer, result)
 
-            self._threads.submit(fn).add_done_callback(settle)
+            self._threads.post(call)
             if timeout is None:
                 return await answer
             late = loop.call_later(timeout, _expire, answer)
@@ -88,14 +93,14 @@ class Calls:
         return task.result()
 
 
-def _copy(done: Future[T], answer: asyncio.Future[T]) -> None:
-    if answer.done():  # expired meanwhile
-        return
-    error = done.exception()
-    if error is not None:
+def _settle(answer: asyncio.Future[T], result: T) -> None:
+    if not answer.done():  # else expired meanwhile
+        answer.set_result(result)
+
+
+def _fail(answer: asyncio.Future[T], error: BaseException) -> None:
+    if not answer.done():
         answer.set_exception(error)
-    else:
-        answer.set_result(done.result())
 
 
 def _expire(answer: asyncio.Future[T]) -> None:

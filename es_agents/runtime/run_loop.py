@@ -211,12 +211,19 @@ class RunLoop:
             await self._drive()
 
     async def _drive(self) -> None:
+        gate = True  # the version gate: at the activation and after commands
         while True:
             if self.actor.inbox:
                 # Applying commands may read the database (a start's agent, a
                 # key, a fork's origin): off the loop, one hop for all of them.
                 await self.ctx.io(self.apply_commands)
-            if self.state is not None and self.state.status in ("running", "blocked"):
+                gate = True
+            if (
+                gate
+                and self.state is not None
+                and self.state.status in ("running", "blocked")
+            ):
+                gate = False
                 await self.check_versions(self.state)
             state = self.state
             if state is None or state.status != "running" or self.actor.stopping:

@@ -29,7 +29,12 @@ RUNTIME = (
 # the core only itself; the runtime no adapter, no lab, no composition root, no CLI.
 FORBIDDEN = {
     "core": ("es_agents",),
-    "runtime": ("es_agents.adapters", "es_agents.lab", "es_agents.app", "es_agents.cli"),
+    "runtime": (
+        "es_agents.adapters",
+        "es_agents.lab",
+        "es_agents.app",
+        "es_agents.cli",
+    ),
 }
 ALLOWED_IN_CORE = ("es_agents.core", "es_agents.errors")
 
