@@ -8,7 +8,8 @@ reconciled by asking the downstream what happened.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
@@ -19,6 +20,10 @@ from es_agents.core.step import canonical_json
 from es_agents.errors import TerminalToolError
 
 A = TypeVar("A", bound=BaseModel)
+
+# A tool's function: plain (run on a thread of the worker's bounded call pool) or
+# ``async def`` (awaited on the worker's event loop, no thread).
+ToolFn = Callable[[A, "ToolContext"], JsonValue | Awaitable[JsonValue]]
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ class Lookup:
 @dataclass(frozen=True)
 class Tool(Generic[A]):
     name: str
-    fn: Callable[[A, ToolContext], JsonValue]
+    fn: ToolFn[A]
     args_model: type[A]
     description: str = ""
     side_effect: bool = True
@@ -93,8 +98,15 @@ class Tool(Generic[A]):
                 f"{self.name}: invalid arguments: {problems}"
             ) from e
 
-    def __call__(self, args: dict[str, JsonValue], ctx: ToolContext) -> JsonValue:
+    def __call__(
+        self, args: dict[str, JsonValue], ctx: ToolContext
+    ) -> JsonValue | Awaitable[JsonValue]:
+        """The call: its result, or for an ``async def`` tool its awaitable."""
         return self.fn(self.parse(args), ctx)
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
 
     @property
     def needs_dedupe_table(self) -> bool:
@@ -121,11 +133,11 @@ def tool(
     requires_approval: bool = False,
     approval: ApprovalPolicy | None = None,
     timeout: float | None = 120.0,
-) -> Callable[[Callable[[A, ToolContext], JsonValue]], Tool[A]]:
+) -> Callable[[ToolFn[A]], Tool[A]]:
     """Declare a tool: ``@tool(Args, honors_idempotency_key=True)``. ``approval``
     (an ``ApprovalPolicy``) implies ``requires_approval``."""
 
-    def wrap(fn: Callable[[A, ToolContext], JsonValue]) -> Tool[A]:
+    def wrap(fn: ToolFn[A]) -> Tool[A]:
         return Tool(
             name=name or fn.__name__,
             fn=fn,

@@ -146,25 +146,41 @@ def consume_now(consumer: Consumer, max_messages: int, timeout: float) -> list[M
     return first + consumer.consume(num_messages=max_messages - 1, timeout=0)
 
 
+# A record to produce: key, value, headers.
+Record3 = tuple[str | None, bytes, list[tuple[str, str | bytes | None]]]
+
+
 @final
 class _Acks:
     """The acknowledgements of one batch, counted down by delivery reports (on the
     poller thread, or on a producing thread that polls while the queue is full)."""
 
-    def __init__(self, count: int) -> None:
+    def __init__(
+        self,
+        count: int,
+        where: str,
+        then: Callable[[list[Position], Exception | None], None] | None = None,
+    ) -> None:
         self.positions: list[Position] = [Position("", -1, -1)] * count
-        self.error: KafkaError | None = None
+        self.error: AppendError | None = None
         self.done = threading.Event()
+        self._where = where
+        self._then = then
         self._left = count
         self._lock = threading.Lock()
         if count == 0:
-            self.done.set()
+            self._finish()
+
+    def _finish(self) -> None:
+        self.done.set()
+        if self._then is not None:
+            self._then(self.positions, self.error)
 
     def delivered(self, i: int) -> Callable[[KafkaError | None, Message], None]:
         def report(err: KafkaError | None, msg: Message) -> None:
             # Must never raise: no later acknowledgement would be served.
             if err is not None:
-                self.error = err
+                self.error = AppendError(f"{self._where}: not acknowledged: {err}")
             else:  # an offset may be unknown after a retry across a restart (-1)
                 offset, partition = msg.offset(), msg.partition()
                 self.positions[i] = Position(
@@ -174,8 +190,9 @@ class _Acks:
                 )
             with self._lock:
                 self._left -= 1
-                if self._left == 0:
-                    self.done.set()
+                last = self._left == 0
+            if last:
+                self._finish()
 
         return report
 
@@ -269,15 +286,36 @@ class KafkaProducerLink:
         """Hand ``records`` (key, value, headers) to the producer for one partition
         and block until every one is acknowledged: one countdown for the batch, not
         a future per record (a batch of a hundred runs' steps is the usual case)."""
-        acks = _Acks(len(records))
-        for i, (key, value, headers) in enumerate(records):
-            self._produce(topic, key, value, headers, partition, acks.delivered(i))
+        acks = self._send(topic, partition, records, None)
         timeout = self.settings.delivery_timeout_ms / 1000 + 5
         if not acks.done.wait(timeout):
             raise AppendError(f"no acknowledgement within {timeout:.0f}s")
         if acks.error is not None:
-            raise AppendError(f"{topic}[{partition}]: not acknowledged: {acks.error}")
+            raise acks.error
         return acks.positions
+
+    def submit_all(
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[Record3],
+        then: Callable[[list[Position], Exception | None], None],
+    ) -> None:
+        """``append_all`` without blocking: ``then(positions, error)`` runs on the
+        poller thread once every record is acknowledged (or one failed)."""
+        self._send(topic, partition, records, then)
+
+    def _send(
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[Record3],
+        then: Callable[[list[Position], Exception | None], None] | None,
+    ) -> _Acks:
+        acks = _Acks(len(records), f"{topic}[{partition}]", then)
+        for i, (key, value, headers) in enumerate(records):
+            self._produce(topic, key, value, headers, partition, acks.delivered(i))
+        return acks
 
     def _produce(  # noqa: PLR0917 - librdkafka's produce, one place
         self,

@@ -30,6 +30,7 @@ from es_agents.adapters.kafka import KafkaEventLog, _client, where
 from es_agents.core.chain import Sealed
 from es_agents.core.epochs import claim_headers, claimed, epoch_headers
 from es_agents.errors import AppendError, FencedError
+from es_agents.ports import Position
 from es_agents.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,9 @@ class PartitionTail:
         self._closed = False
         self._kick = False  # a reader waits and nothing comes: fetch afresh
         self._kicks = 0  # kicks in a row without progress
+        # Appends waiting to be read past, told by callback (``when_past``).
+        self._waiters: list[tuple[int, Callable[[Exception | None], None], float]] = []
+        self._moved_at = time.monotonic()  # when the position last advanced
         self._thread = threading.Thread(
             target=self._run, daemon=True, name=f"es-tail-p{partition}"
         )
@@ -117,8 +121,10 @@ class PartitionTail:
                 with self._cond:
                     self._error = str(e)
                     self._cond.notify_all()
+                self._answer_waiters()
                 return
             if not msgs:
+                self._check_waiters()
                 continue
             position = self.position
             fenced_at, fenced_by = self.fenced_at, self.fenced_by
@@ -134,10 +140,90 @@ class PartitionTail:
                 position = max(position, offset + 1)
             if position > self.position:
                 self._kicks = 0
+                self._moved_at = time.monotonic()
             with self._cond:
                 self.position = position
                 self.fenced_at, self.fenced_by = fenced_at, fenced_by
                 self._cond.notify_all()
+            self._answer_waiters()
+
+    def when_past(self, offset: int, done: Callable[[Exception | None], None]) -> None:
+        """``read_past`` without blocking: ``done(None)`` once every record up to
+        ``offset`` was read and none of them is a higher claim, else
+        ``done(FencedError | AppendError)`` -- at once on this thread when it is
+        known now, later on the tail's thread."""
+        with self._cond:
+            verdict = self._verdict(offset)
+            if verdict is _PENDING:
+                deadline = time.monotonic() + _CONFIRM_TIMEOUT
+                self._waiters.append((offset, done, deadline))
+                return
+        done(verdict)  # type: ignore[arg-type]
+
+    def _verdict(self, offset: int) -> Exception | object | None:
+        """What ``read_past(offset)`` would end with now, or ``_PENDING``."""
+        if self.fenced_at is not None and self.fenced_at <= offset:
+            return self._fenced()
+        if self.position > offset or self.fenced_at is not None:
+            return None
+        if self._error is not None:
+            return AppendError(
+                f"{self.topic}[{self.partition}]: tail read failed: {self._error}"
+            )
+        if self._closed:
+            return self._revoked(offset)
+        return _PENDING
+
+    def _fenced(self) -> FencedError:
+        return FencedError(
+            f"{self.topic}[{self.partition}]: fenced: epoch {self.fenced_by} "
+            f"claimed the partition at offset {self.fenced_at} "
+            f"(this writer holds epoch {self.epoch})"
+        )
+
+    def _revoked(self, offset: int) -> FencedError:
+        return FencedError(
+            f"{self.topic}[{self.partition}]: the writer was closed "
+            f"(the partition was revoked) before offset {offset} was read back"
+        )
+
+    def _answer_waiters(self) -> None:
+        """Tell the waiters whose verdict is known (outside the lock)."""
+        if not self._waiters:
+            return
+        answered: list[tuple[Callable[[Exception | None], None], object]] = []
+        with self._cond:
+            still = []
+            for waiter in self._waiters:
+                verdict = self._verdict(waiter[0])
+                if verdict is _PENDING:
+                    still.append(waiter)
+                else:
+                    answered.append((waiter[1], verdict))
+            self._waiters = still
+        for done, verdict in answered:
+            done(verdict)  # type: ignore[arg-type]
+
+    def _check_waiters(self) -> None:
+        """Nothing read: kick a stalled fetch, and fail appends past their
+        deadline (as ``read_past`` does for a blocked caller)."""
+        if not self._waiters:
+            return
+        now = time.monotonic()
+        if now - self._moved_at > _KICK_AFTER:
+            self._kick = True
+            self._moved_at = now
+        late: list[tuple[int, Callable[[Exception | None], None], float]] = []
+        with self._cond:
+            late = [w for w in self._waiters if w[2] <= now]
+            self._waiters = [w for w in self._waiters if w[2] > now]
+        for offset, done, _ in late:
+            done(
+                AppendError(
+                    f"{self.topic}[{self.partition}]: offset {offset} not read "
+                    f"back within {_CONFIRM_TIMEOUT:.0f}s (read up to {self.position})"
+                )
+            )
 
     def read_past(self, offset: int, timeout: float = _CONFIRM_TIMEOUT) -> None:
         """Return once every record up to ``offset`` was read and none of them is a
@@ -181,7 +267,11 @@ class PartitionTail:
             self._closed = True
             self._cond.notify_all()  # an append waiting on its read-back is fenced
         self._thread.join(5)
+        self._answer_waiters()
         self._consumer.close()
+
+
+_PENDING = object()
 
 
 def _headers(msg: Any) -> list[tuple[str, bytes]]:
@@ -251,18 +341,49 @@ class EpochWriter:
         if tail.fenced_at is not None:
             tail.read_past(tail.fenced_at)  # raises FencedError
         positions = self._link.append_all(
-            self.topic,
-            self.partition,
-            [
-                (
-                    r.event.run_id,
-                    r.value,
-                    [*self._headers, *r.headers] if r.headers else self._headers,
-                )
-                for r in records
-            ],
+            self.topic, self.partition, self._stamped(records)
         )
         self._confirm(max(p.offset for p in positions))
+
+    def submit(
+        self, records: Sequence[Sealed], done: Callable[[Exception | None], None]
+    ) -> None:
+        """``append`` without blocking the caller: ``done(None)`` once the records
+        are acknowledged and counted, ``done(error)`` otherwise (on the producer's
+        or the tail's thread, or at once)."""
+        if self._closed:
+            done(self._tail._revoked(-1))
+            return
+        tail = self._tail
+        if tail.fenced_at is not None:
+            tail.when_past(tail.fenced_at, done)  # a FencedError
+            return
+
+        def acked(positions: list[Position], error: Exception | None) -> None:
+            if error is not None:
+                done(error)
+                return
+            offset = max(p.offset for p in positions)
+            if offset < 0:  # acknowledged without a position: find it off-thread
+                threading.Thread(target=self._confirm_later, args=(done,)).start()
+                return
+
+            def counted(error: Exception | None) -> None:
+                if error is None:
+                    self.committed_end = max(self.committed_end, offset + 1)
+                done(error)
+
+            tail.when_past(offset, counted)
+
+        self._link.submit_all(self.topic, self.partition, self._stamped(records), acked)
+
+    def _confirm_later(self, done: Callable[[Exception | None], None]) -> None:
+        try:
+            self._confirm(-1)
+        except (AppendError, FencedError) as e:
+            done(e)
+        else:
+            done(None)
 
     def _confirm(self, offset: int) -> None:
         if offset < 0:
@@ -271,6 +392,19 @@ class EpochWriter:
             offset = self._end() - 1
         self._tail.read_past(offset)
         self.committed_end = max(self.committed_end, offset + 1)
+
+    def _stamped(
+        self, records: Sequence[Sealed]
+    ) -> list[tuple[str | None, bytes, list[tuple[str, str | bytes | None]]]]:
+        """Key, value and headers of each record, the epoch's header first."""
+        return [
+            (
+                r.event.run_id,
+                r.value,
+                [*self._headers, *r.headers] if r.headers else self._headers,
+            )
+            for r in records
+        ]
 
     def _end(self) -> int:
         return self._log.end_offset(self.topic, self.partition)

@@ -197,6 +197,17 @@ class MemoryPartitionWriter:
         if positions:
             self.committed_end = max(self.committed_end, positions[-1].offset + 1)
 
+    def submit(
+        self, records: Sequence[Sealed], done: Callable[[Exception | None], None]
+    ) -> None:
+        """``append`` by callback: in memory it is done at once."""
+        try:
+            self.append(records)
+        except FencedError as e:
+            done(e)
+        else:
+            done(None)
+
     def close(self) -> None:
         self._closed = True
 

@@ -48,8 +48,14 @@ class NoArgs(BaseModel):
 
 
 @tool(NoArgs, side_effect=False)
-def noop(args: NoArgs, ctx: ToolContext) -> JsonValue:
+async def noop(args: NoArgs, ctx: ToolContext) -> JsonValue:
     """Does nothing: the step costs only the protocol."""
+    return {"ok": True}
+
+
+@tool(NoArgs, name="noop", side_effect=False)
+def noop_sync(args: NoArgs, ctx: ToolContext) -> JsonValue:
+    """Does nothing, as a plain function: run on a thread of the call pool."""
     return {"ok": True}
 
 
@@ -70,10 +76,10 @@ class ToolLoop:
 
     name = "bench"
 
-    def __init__(self, steps: int) -> None:
+    def __init__(self, steps: int, sync: bool = False) -> None:
         self.steps = steps
         self.model = None
-        self.tools = {noop.name: noop}
+        self.tools = {"noop": noop_sync if sync else noop}
 
     def plan(self, state: RunState) -> Step:
         if state.tool_calls >= self.steps:
@@ -128,6 +134,11 @@ def _bench_steps(
         per_step[kind] = elapsed / steps
         ack_p50[kind] = statistics.median(acks)
 
+    # 1b. Fenced, the no-op tool a plain function (on a thread of the call pool:
+    # two thread hand-offs a step) instead of an ``async def`` one.
+    events, sync_acks, _ = _run(settings, ToolLoop(steps, sync=True))
+    sync_per_step = (events[-1].at - events[0].at).total_seconds() * 1000 / steps
+
     # 2. A chat agent, fenced (the default): model and tool steps alternate, the
     # transcript grows.
     chat, chat_acks, _ = _run(settings, chat_agent(steps))
@@ -160,6 +171,8 @@ def _bench_steps(
         "fencing": settings.fencing,
         "tool_step_ms": round(per_step[fenced], 3),
         "append_ack_ms_p50": round(ack_p50[fenced], 3),
+        "sync_tool_step_ms": round(sync_per_step, 3),
+        "sync_tool_append_ack_ms_p50": round(statistics.median(sync_acks), 3),
         "raw_produce_flush_ms_p50": round(raw_p50, 3),
         "ack_ratio_framework_to_raw": round(ack_p50[fenced] / raw_p50, 2),
         "step_ratio_framework_to_raw": round(per_step[fenced] / raw_p50, 2),
@@ -191,6 +204,10 @@ def _bench_steps(
             f"{steps} no-op tool steps, {label}: {ms:.3f} ms per step, "
             f"append p50 {ack_p50[kind]:.3f} ms"
         )
+    echo(
+        f"{steps} no-op tool steps, fenced, the tool a plain function (on the "
+        f"call pool's threads): {sync_per_step:.3f} ms per step"
+    )
     echo(
         f"bare {_RAW[settings.store]}, same settings: {raw_p50:.3f} ms p50 "
         f"(fenced ack ratio {result['ack_ratio_framework_to_raw']}, "

@@ -19,6 +19,7 @@ partition); out of reach, the worker goes down (crash-only).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import final
@@ -41,6 +42,7 @@ class PartitionDriver:
             1, thread_name_prefix=f"es-append-p{partition}"
         )
         self._waiting: list[tuple[Sequence[Sealed], asyncio.Future[None]]] = []
+        self._busy = False
         self._drainer: asyncio.Task[None] | None = None
         self._closed = False
         self.batches = 0  # appends made, for benchmarks
@@ -56,13 +58,33 @@ class PartitionDriver:
 
     async def append(self, records: Sequence[Sealed]) -> None:
         """Return once ``records`` are acknowledged and counted (with whatever
-        other runs of the partition handed in meanwhile)."""
+        other runs of the partition handed in meanwhile).
+
+        A run that finds no append in flight makes it itself (a lone run pays no
+        hand-off); runs that come while one is in flight wait, and the next batch
+        -- all of theirs -- is appended by a task once it returned."""
         loop = asyncio.get_running_loop()
-        done: asyncio.Future[None] = loop.create_future()
-        self._waiting.append((records, done))
-        if self._drainer is None:
-            self._drainer = loop.create_task(self._drain())
-        await done
+        if self._busy:
+            done: asyncio.Future[None] = loop.create_future()
+            self._waiting.append((records, done))
+            await done
+            return
+        self._busy = True
+        try:
+            if self._closed:
+                raise self._revoked()
+            try:
+                await self._append(loop, list(records))
+            except Exception as e:
+                if self._closed:  # revoked during the append, its thread shut
+                    raise self._revoked() from e
+                raise
+            self._count(len(records))
+        finally:
+            if self._waiting:
+                self._drainer = loop.create_task(self._drain())
+            else:
+                self._busy = False
 
     async def _drain(self) -> None:
         loop = asyncio.get_running_loop()
@@ -74,9 +96,7 @@ class PartitionDriver:
                     continue
                 records = [r for part, _ in batch for r in part]
                 try:
-                    await loop.run_in_executor(
-                        self._thread, self.writer.append, records
-                    )
+                    await self._append(loop, records)
                 except asyncio.CancelledError:
                     _fail(batch, FencedError("the worker is stopping"))
                     raise
@@ -84,13 +104,35 @@ class PartitionDriver:
                     # Closed meanwhile, its thread shut: the partition was revoked.
                     _fail(batch, self._revoked() if self._closed else e)
                     continue
-                self.batches += 1
-                self.records += len(records)
+                self._count(len(records))
                 for _, done in batch:
                     if not done.done():
                         done.set_result(None)
         finally:
             self._drainer = None
+            self._busy = False
+
+    def _count(self, records: int) -> None:
+        self.batches += 1
+        self.records += records
+
+    async def _append(
+        self, loop: asyncio.AbstractEventLoop, records: list[Sealed]
+    ) -> None:
+        """One append through the writer: by callback when it offers ``submit``
+        (no thread of ours waits), else its blocking ``append`` on our thread."""
+        submit = getattr(self.writer, "submit", None)
+        if submit is None:
+            await loop.run_in_executor(self._thread, self.writer.append, records)
+            return
+        answer: asyncio.Future[None] = loop.create_future()
+
+        def done(error: Exception | None) -> None:  # on the writer's thread
+            with contextlib.suppress(RuntimeError):  # the loop closed: going down
+                loop.call_soon_threadsafe(_settle, answer, error)
+
+        submit(records, done)
+        await answer
 
     def _revoked(self) -> FencedError:
         return FencedError(
@@ -102,6 +144,15 @@ class PartitionDriver:
         self._closed = True
         self.writer.close()
         self._thread.shutdown(wait=False)
+
+
+def _settle(answer: asyncio.Future[None], error: Exception | None) -> None:
+    if answer.done():
+        return
+    if error is None:
+        answer.set_result(None)
+    else:
+        answer.set_exception(error)
 
 
 def _fail(

@@ -9,9 +9,9 @@ for a person -- never a silent second call.
 
 from __future__ import annotations
 
-import inspect
 import json
 import logging
+from collections.abc import Awaitable
 from typing import Any
 
 from pydantic import JsonValue
@@ -159,11 +159,11 @@ async def _run_tool(
     worker's bounded pool (left to finish past it: Python cannot stop a thread)."""
     calls = loop.ctx.calls
     try:
-        if inspect.iscoroutinefunction(tool.fn):
-            call = tool.fn(tool.parse(args), ctx)
+        call = tool(args, ctx) if tool.is_async else None
+        if isinstance(call, Awaitable):
             result: JsonValue = await calls.wait(call, tool.timeout)
             return result
-        return await calls.run(lambda: tool(args, ctx), tool.timeout)
+        return await calls.run(lambda: _sync(tool(args, ctx)), tool.timeout)
     except Overdue as e:
         log.warning(
             "run %s: tool %s timed out after %s s",
@@ -267,6 +267,12 @@ _UNCERTAIN: Any = object()
 
 class _TimedOut(Exception):
     pass
+
+
+def _sync(value: JsonValue | Awaitable[JsonValue]) -> JsonValue:
+    if isinstance(value, Awaitable):  # an async tool not declared as one
+        raise TerminalToolError("the tool returned an awaitable from a plain call")
+    return value
 
 
 def _args(args_json: str) -> dict[str, JsonValue]:

@@ -83,14 +83,16 @@ class Calls:
                 late.cancel()
 
     async def wait(self, call: Awaitable[T], timeout: float | None = None) -> T:
-        """An ``async`` call on the loop; cancelled and ``Overdue`` past
-        ``timeout``."""
-        task = asyncio.ensure_future(call)
-        done, _ = await asyncio.wait({task}, timeout=timeout)
-        if not done:
-            task.cancel()
-            raise Overdue
-        return task.result()
+        """An ``async`` call awaited on the loop; cancelled and ``Overdue`` past
+        ``timeout`` (a ``TimeoutError`` of the call's own is its own)."""
+        deadline = asyncio.timeout(timeout)
+        try:
+            async with deadline:
+                return await call
+        except TimeoutError:
+            if deadline.expired():
+                raise Overdue from None
+            raise
 
 
 def _settle(answer: asyncio.Future[T], result: T) -> None:
