@@ -25,6 +25,7 @@ from es_agents.core.state import RunState
 from es_agents.core.step import (
     CallModel,
     CallTool,
+    CallTools,
     Finish,
     Interrupt,
     Message,
@@ -79,6 +80,10 @@ class ToolAgent:
         """Who decides each gate, for the tools that say (``approval=``)."""
         return {t.name: t.approval for t in self.tool_list if t.approval is not None}
 
+    def _gated(self, name: str) -> bool:
+        tool = self.tools.get(name)
+        return tool is not None and tool.requires_approval
+
     def versions(self) -> dict[str, str | int]:
         return {
             "agent_version": f"{self.name}@{self.version}",
@@ -97,8 +102,17 @@ class ToolAgent:
         ]
         return Conversation(head, state.transcript)
 
-    def plan(self, state: RunState) -> Step:
+    def plan(self, state: RunState) -> Step:  # noqa: PLR0911 - one per outcome
         if state.open_tool_calls:
+            # The calls without a gate run at once, concurrently; a gated call
+            # waits for its decision without holding them.
+            free = [
+                _call_tool(c) for c in state.open_tool_calls if not self._gated(c.name)
+            ]
+            if len(free) > 1:
+                return CallTools(tuple(free))
+            if free:
+                return free[0]
             call = state.open_tool_calls[0]
             tool = self.tools.get(call.name)
             if tool is not None and tool.requires_approval:
@@ -113,15 +127,7 @@ class ToolAgent:
                     return _ask_approval(  # the approval was for other arguments
                         tool.name, call, void="the arguments changed after the approval"
                     )
-            try:
-                args = json.loads(call.args_json)
-            except json.JSONDecodeError:
-                args = {"_unparsable": call.args_json}
-            return CallTool(
-                call.call_id,
-                call.name,
-                args if isinstance(args, dict) else {"_value": args},
-            )
+            return _call_tool(call)
         last = state.transcript[-1] if state.transcript else None
         if last is not None and last.get("role") == "assistant":
             return Finish({"answer": last.get("content")})
@@ -130,6 +136,16 @@ class ToolAgent:
             dict(self.params),
             tuple(t.schema() for t in self.tool_list),
         )
+
+
+def _call_tool(call: ToolCall) -> CallTool:
+    try:
+        args = json.loads(call.args_json)
+    except json.JSONDecodeError:
+        args = {"_unparsable": call.args_json}
+    return CallTool(
+        call.call_id, call.name, args if isinstance(args, dict) else {"_value": args}
+    )
 
 
 def _ask_approval(gate: str, call: ToolCall, **more: str) -> Interrupt:

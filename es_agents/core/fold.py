@@ -117,7 +117,7 @@ def _require_started(state: RunState, event: Event) -> None:
 def _(event: ModelCallRequested, state: RunState) -> None:
     _require_started(state, event)
     _require_running(state, event)
-    if isinstance(state.pending, PendingToolCall):
+    if state.pending_tools:
         raise FoldError(f"run {state.run_id}: model call while a tool call is pending")
     state.pending = PendingModelCall(
         step=event.step,
@@ -148,9 +148,15 @@ def _(event: ModelResponded, state: RunState) -> None:
 def _(event: ToolCallRequested, state: RunState) -> None:
     _require_started(state, event)
     _require_running(state, event)
-    if state.pending is not None:
-        raise FoldError(f"run {state.run_id}: tool call while another call is pending")
-    state.pending = PendingToolCall(
+    if isinstance(state.pending, PendingModelCall):
+        raise FoldError(f"run {state.run_id}: tool call while a model call is pending")
+    if any(p.call_id == event.call_id for p in state.pending_tools):
+        raise FoldError(
+            f"run {state.run_id}: tool call {event.call_id} requested twice"
+        )
+    # Several tool calls may be in flight at once (requested together, run
+    # concurrently); ``pending`` names the earliest.
+    call = PendingToolCall(
         step=event.step,
         seq=event.seq,
         call_id=event.call_id,
@@ -159,16 +165,19 @@ def _(event: ToolCallRequested, state: RunState) -> None:
         idempotency_key=event.idempotency_key,
         side_effect=event.side_effect,
     )
+    state.pending_tools.append(call)
+    state.pending = state.pending_tools[0]
 
 
 @_apply.register
 def _(event: ToolReturned, state: RunState) -> None:
-    pending = state.pending
-    if not isinstance(pending, PendingToolCall) or pending.call_id != event.call_id:
+    pending = next((p for p in state.pending_tools if p.call_id == event.call_id), None)
+    if pending is None:
         raise FoldError(
             f"run {state.run_id}: tool_returned for {event.call_id} without its request"
         )
-    state.pending = None
+    state.pending_tools.remove(pending)
+    state.pending = state.pending_tools[0] if state.pending_tools else None
     state.last_outcome_seq = event.seq
     state.tool_calls += 1
     if event.reconciled:
@@ -255,6 +264,7 @@ def _(event: RunCompleted, state: RunState) -> None:
     state.status = "completed"
     state.output_json = event.output_json
     state.pending = None
+    state.pending_tools = []
     state.waiting = None
 
 
@@ -264,6 +274,7 @@ def _(event: RunFailed, state: RunState) -> None:
     state.status = "cancelled" if event.kind == "cancelled" else "failed"
     state.error = event.error
     state.pending = None
+    state.pending_tools = []
     state.waiting = None
 
 

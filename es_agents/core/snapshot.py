@@ -72,6 +72,9 @@ def to_snapshot(state: RunState, inline: bool = True) -> dict[str, JsonValue]:
         pending = {"kind": "model", **asdict(state.pending)}
     elif isinstance(state.pending, PendingToolCall):
         pending = {"kind": "tool", **asdict(state.pending)}
+    # Tool calls in flight together beyond ``pending`` (absent when there are none,
+    # so that snapshots of runs that never ran calls concurrently read as before).
+    more: list[JsonValue] = [asdict(p) for p in state.pending_tools[1:]]
     waiting = None
     if state.waiting is not None:
         waiting = {**asdict(state.waiting), "wake_at": _time(state.waiting.wake_at)}
@@ -94,6 +97,7 @@ def to_snapshot(state: RunState, inline: bool = True) -> dict[str, JsonValue]:
         "open_tool_calls": [c.model_dump() for c in state.open_tool_calls],
         "last_outcome_seq": state.last_outcome_seq,
         "pending": pending,
+        **({"more_pending_tools": more} if more else {}),
         "waiting": waiting,
         "vars": state.vars,
         "prompt_tokens": state.prompt_tokens,
@@ -157,6 +161,14 @@ def from_snapshot(
         open_tool_calls=[ToolCall(**c) for c in data["open_tool_calls"]],
         last_outcome_seq=data["last_outcome_seq"],
         pending=pending,
+        pending_tools=(
+            [
+                pending,
+                *(PendingToolCall(**p) for p in data.get("more_pending_tools", [])),
+            ]
+            if isinstance(pending, PendingToolCall)
+            else []
+        ),
         waiting=waiting,
         vars=dict(data["vars"]),
         prompt_tokens=data["prompt_tokens"],

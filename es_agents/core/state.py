@@ -85,7 +85,10 @@ class RunState:
     transcript: Transcript = field(default_factory=Transcript)
     open_tool_calls: list[ToolCall] = field(default_factory=list)
     last_outcome_seq: int = -1  # seq of the last model_responded or tool_returned
+    # The call in flight: a model call, or the earliest of the tool calls in flight
+    # (``pending_tools``: those requested together, run concurrently).
     pending: PendingModelCall | PendingToolCall | None = None
+    pending_tools: list[PendingToolCall] = field(default_factory=list)
     waiting: Waiting | None = None
     vars: dict[str, JsonValue] = field(default_factory=dict)
     prompt_tokens: int = 0

@@ -61,6 +61,21 @@ class CallTool:
 
 
 @dataclass(frozen=True)
+class CallTools:
+    """Several tool calls at once: their intentions are appended together and the
+    calls run concurrently, each with its own step, idempotency key and outcome."""
+
+    calls: tuple[CallTool, ...]
+
+    def __post_init__(self) -> None:
+        if not self.calls:
+            raise ValueError("CallTools needs at least one call")
+        ids = [c.call_id for c in self.calls]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"CallTools: call ids repeat: {ids}")
+
+
+@dataclass(frozen=True)
 class PatchState:
     key: str
     value: JsonValue
@@ -85,7 +100,7 @@ class Fail:
     kind: str = "error"
 
 
-Step = CallModel | CallTool | PatchState | Interrupt | Finish | Fail
+Step = CallModel | CallTool | CallTools | PatchState | Interrupt | Finish | Fail
 
 
 class Planner(Protocol):

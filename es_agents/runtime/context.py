@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from es_agents.approvals import Approvals
 from es_agents.core.commands import Command
 from es_agents.core.events import Event
-from es_agents.core.state import Versions
+from es_agents.core.state import RunState, Versions
 from es_agents.core.versions import StateMigration, VersionPolicy
 from es_agents.dead_letters import DeadLetterQueue
 from es_agents.observability import NoTelemetry, NoTracer, Telemetry, Tracer
@@ -98,6 +98,7 @@ class Stepping(Protocol):
     agent: Any
     actor: RunActor
     epoch: int
+    state: RunState | None
 
     def add(self, event_type: type[Event], **fields: object) -> Event: ...
 

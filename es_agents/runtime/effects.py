@@ -9,6 +9,7 @@ for a person -- never a silent second call.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable
@@ -18,8 +19,14 @@ from pydantic import JsonValue
 
 from es_agents.core.events import Interrupted, ToolCallRequested, ToolReturned
 from es_agents.core.state import PendingToolCall, RunState
-from es_agents.core.step import CallTool, canonical_json
-from es_agents.errors import FencedError, RetryableToolError, TerminalToolError
+from es_agents.core.step import CallTool, CallTools, canonical_json
+from es_agents.errors import (
+    AppendError,
+    FencedError,
+    RetryableToolError,
+    TerminalToolError,
+    Unavailable,
+)
 from es_agents.retry import aretrying
 from es_agents.runtime.context import Stepping
 from es_agents.runtime.pools import Overdue
@@ -28,10 +35,52 @@ from es_agents.tools import Lookup, Tool, ToolContext
 log = logging.getLogger(__name__)
 
 TOOL_TRIES = 3
+PER_RUN = 8  # calls of one run at once (a model answer's tool calls)
 
 
 async def call_tool(loop: Stepping, state: RunState, step: CallTool) -> None:
-    number = state.step + 1
+    number, key = _request(loop, state, step)
+    await loop.flush()  # write-ahead: nothing happens downstream before it is durable
+    result, error = await _perform(loop, state.run_id, step, number, key)
+    if result is _UNCERTAIN:
+        await uncertain(loop, state, key, step.tool, step.call_id, why=error)
+        return
+    loop.add(ToolReturned, call_id=step.call_id, result_json=result, error=error)
+
+
+async def call_tools(loop: Stepping, state: RunState, step: CallTools) -> None:
+    """Several calls at once: every intention in one append, then the calls run
+    concurrently (at most ``PER_RUN`` of this run at a time); each outcome is made
+    durable as it comes, batched with whatever else the partition appends. A call
+    whose effect is uncertain pauses the run once the others have returned."""
+    requested = [(call, *_request(loop, state, call)) for call in step.calls]
+    await loop.flush()  # write-ahead: every intention durable before any call
+    slots = asyncio.Semaphore(PER_RUN)
+    unsure: list[tuple[CallTool, str, str | None]] = []
+
+    async def one(call: CallTool, number: int, key: str) -> None:
+        async with slots:
+            result, error = await _perform(loop, state.run_id, call, number, key)
+        if result is _UNCERTAIN:
+            unsure.append((call, key, error))
+            return
+        loop.add(ToolReturned, call_id=call.call_id, result_json=result, error=error)
+        await loop.flush()
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            for call, number, key in requested:
+                group.create_task(one(call, number, key))
+    except BaseExceptionGroup as e:  # the first failure as it is (fenced, gone...)
+        raise _first(e) from None
+    if unsure:
+        call, key, why = unsure[0]
+        await uncertain(loop, state, key, call.tool, call.call_id, why=why)
+
+
+def _request(loop: Stepping, state: RunState, step: CallTool) -> tuple[int, str]:
+    """Add the call's intention; its step number and idempotency key."""
+    number = (loop.state.step if loop.state is not None else state.step) + 1
     key = f"{state.run_id}:{number}"
     tool = loop.agent.tools.get(step.tool)
     loop.add(
@@ -43,22 +92,46 @@ async def call_tool(loop: Stepping, state: RunState, step: CallTool) -> None:
         idempotency_key=key,
         side_effect=tool.side_effect if tool is not None else False,
     )
-    await loop.flush()  # write-ahead: nothing happens downstream before it is durable
+    return number, key
+
+
+async def _perform(
+    loop: Stepping, run_id: str, step: CallTool, number: int, key: str
+) -> tuple[Any, str | None]:
+    """The call (its intention durable): result and error, or ``_UNCERTAIN``."""
+    tool = loop.agent.tools.get(step.tool)
     result: Any
     error: str | None
     if tool is None:
         result, error = None, f"unknown tool {step.tool!r}"
     else:
-        ctx = context(loop, state.run_id, number, key)
+        ctx = context(loop, run_id, number, key)
         with loop.ctx.tracer.tool_call(step.tool, step.call_id) as span:
             result, error = await invoke(loop, tool, step.args, ctx)
             if error is not None:
                 span.set("error.type", "tool_error")
     loop.ctx.probe.hit("after_action:tool")
-    if result is _UNCERTAIN:
-        await uncertain(loop, state, key, step.tool, step.call_id, why=error)
-        return
-    loop.add(ToolReturned, call_id=step.call_id, result_json=result, error=error)
+    return result, error
+
+
+def _first(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The failure to raise for a group: the worker's kinds first (the log or the
+    database gone, the partition lost), then the first."""
+    leaves: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for inner in e.exceptions:
+                walk(inner)
+        else:
+            leaves.append(e)
+
+    walk(group)
+    for kind in (Unavailable, AppendError, FencedError):
+        for leaf in leaves:
+            if isinstance(leaf, kind):
+                return leaf
+    return leaves[0]
 
 
 def context(
@@ -204,7 +277,11 @@ async def _reconciled_outcome(  # noqa: PLR0911 - one return per way of knowing
 ) -> tuple[str | None, str | None] | None:
     key = pending.idempotency_key
     resume = state.last_resume
-    if resume is not None and resume.seq > pending.seq and resume.reason == "input":
+    if (
+        resume is not None
+        and resume.reason == "input"
+        and resume.seq > max(pending.seq, state.last_outcome_seq)
+    ):
         return resume.input_json, None  # a person settled an uncertain effect
     tool = loop.agent.tools.get(pending.tool)
     if tool is None:

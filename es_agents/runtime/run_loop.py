@@ -45,6 +45,7 @@ from es_agents.core.state import PendingModelCall, PendingToolCall, RunState
 from es_agents.core.step import (
     CallModel,
     CallTool,
+    CallTools,
     EventBuilder,
     Fail,
     Finish,
@@ -72,7 +73,7 @@ from es_agents.vault import encrypted
 
 log = logging.getLogger(__name__)
 
-STEP_TYPES = (CallModel, CallTool, PatchState, Interrupt, Finish, Fail)
+STEP_TYPES = (CallModel, CallTool, CallTools, PatchState, Interrupt, Finish, Fail)
 
 
 class RunLoop:
@@ -93,6 +94,7 @@ class RunLoop:
         self.verdicts: list[Decided] = []
         self.state: RunState | None = None
         self.head = GENESIS  # the hash chain's head: the next event's prev
+        self._flushing = asyncio.Lock()
 
     @classmethod
     async def open(
@@ -132,22 +134,24 @@ class RunLoop:
     async def flush(self) -> None:
         """Make everything buffered durable (one acknowledgement, shared with the
         partition's other runs), then let the offsets of the commands that caused
-        it be committed."""
+        it be committed. Flushes of one run (its concurrent tool calls) go one
+        after the other: each seals after the head the last one left."""
+        async with self._flushing:
+            await self._flush()
+
+    async def _flush(self) -> None:
         ctx = self.ctx
-        if self.buffer:
+        events, self.buffer = self.buffer, []
+        if events:
             if ctx.encrypt and ctx.cipher is not None:  # then claim the ciphertext
                 cipher = ctx.cipher
-                self.buffer = await ctx.io(
-                    lambda: [cipher.encrypt_event(e) for e in self.buffer]
-                )
+                events = await ctx.io(lambda: [cipher.encrypt_event(e) for e in events])
             claims = ctx.claims
-            if claims is not None and any(claims.large(e) for e in self.buffer):
+            if claims is not None and any(claims.large(e) for e in events):
                 # Large payloads to the object store first.
-                self.buffer = await ctx.io(
-                    lambda: [claims.claim(e) for e in self.buffer]
-                )
-            sealed = self._seal()
-            batch, self.buffer = [s.event for s in sealed], []
+                events = await ctx.io(lambda: [claims.claim(e) for e in events])
+            sealed = self._seal(events)
+            batch = [s.event for s in sealed]
             for event in batch:
                 ctx.probe.hit(f"before_append:{event.wire_name}")
             started = time.perf_counter()
@@ -171,18 +175,18 @@ class RunLoop:
         for offset in applied:
             ctx.done(self.actor.partition, offset)
 
-    def _seal(self) -> list[Sealed]:
-        """The buffer chained after the run's head and encoded once. An event the
+    def _seal(self, events: list[Event]) -> list[Sealed]:
+        """``events`` chained after the run's head and encoded once. An event the
         log would refuse ends the run before anything of the batch is appended;
         the events before it stay buffered for the failure record."""
-        sealed = seal(self.buffer, self.ctx.log.encode, self.head)
+        sealed = seal(events, self.ctx.log.encode, self.head)
         trace = self.ctx.tracer.headers()  # the current span's, beside each event
         if trace:
             sealed = [Sealed(s.event, s.value, trace) for s in sealed]
         limit = self.ctx.max_event_bytes
         for i, record in enumerate(sealed):
             if len(record.value) > limit:
-                self.buffer = self.buffer[:i]
+                self.buffer = events[:i] + self.buffer
                 raise RunError(
                     "oversized_output",
                     f"{record.event.wire_name} of {len(record.value)} bytes exceeds "
@@ -400,6 +404,9 @@ class RunLoop:
         if isinstance(step, CallTool):
             await effects.call_tool(self, state, step)
             return "tool"
+        if isinstance(step, CallTools):
+            await effects.call_tools(self, state, step)
+            return "tools"
         if isinstance(step, PatchState):
             self.add(StatePatched, key=step.key, value_json=canonical_json(step.value))
             return "patch"
