@@ -205,6 +205,18 @@ class Settings(BaseSettings):
     snapshot_every: int = Field(
         default=100, ge=1, description="K: snapshot every K events"
     )
+    tool_calls_per_run: int = Field(
+        default=16,
+        ge=1,
+        description="A model answer's tool calls run concurrently, at most this many "
+        "of one run at a time",
+    )
+    tool_calls_per_worker: int = Field(
+        default=64,
+        ge=1,
+        description="Tool and model calls a worker makes at once, over all its runs "
+        "(plain functions each take a thread of the call pool meanwhile)",
+    )
     warm_runs: int = Field(
         default=128,
         ge=0,

@@ -31,6 +31,20 @@ def bench_steps_command(steps: int, fsync: bool) -> None:
     bench_steps(steps, click.echo, fsync=fsync)
 
 
+@bench.command("parallel")
+@click.option("--calls", type=int, default=10, show_default=True)
+@click.option("--latency-ms", type=float, default=100, show_default=True)
+@click.option("--repeats", type=int, default=5, show_default=True)
+def bench_parallel_command(calls: int, latency_ms: float, repeats: int) -> None:
+    """One step with --calls concurrent tool calls of --latency-ms each."""
+    import logging  # noqa: PLC0415
+
+    from es_agents.lab.bench_parallel import bench_parallel  # noqa: PLC0415
+
+    logging.getLogger("es_agents.runtime.worker").setLevel(logging.WARNING)
+    bench_parallel(calls, latency_ms, repeats, click.echo)
+
+
 @bench.command("resume")
 @click.option("--lengths", default="10,1000,10000,100000", show_default=True)
 @click.option("--repeats", type=int, default=7, show_default=True)

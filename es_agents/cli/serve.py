@@ -60,11 +60,14 @@ def topics(partitions: int | None, fix_retention: bool) -> None:
 )
 @click.option("--idle", type=float, default=1.0, show_default=True)
 @click.option(
+    "--calls",
     "--threads",
-    type=int,
-    default=64,
-    show_default=True,
-    help="Runs that can take steps at the same time.",
+    "threads",
+    type=click.IntRange(1),
+    default=None,
+    help="Tool and model calls the worker makes at once, over all its runs "
+    "(default ES_AGENTS_TOOL_CALLS_PER_WORKER, 64). Runs themselves are not "
+    "bounded: each is a task on the worker's event loop.",
 )
 @click.option(
     "--metrics-port",
@@ -78,7 +81,7 @@ def worker(  # noqa: PLR0917 - click passes options positionally
     instance_id: str | None,
     until_idle: bool,
     idle: float,
-    threads: int,
+    threads: int | None,
     metrics_port: int | None,
 ) -> None:
     """Consume commands and drive the runs of the owned partitions."""

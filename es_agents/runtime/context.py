@@ -77,6 +77,7 @@ class RunContext:
     probe: Probe
     commands_topic: str
     max_event_bytes: int
+    tool_calls_per_run: int
     done: Callable[[int, int], None]  # (partition, offset) applied
     start_agent: Callable[[str], str | None]
     io: Blocking = field(default_factory=Blocking)  # the ports' blocking calls

@@ -35,7 +35,6 @@ from es_agents.tools import Lookup, Tool, ToolContext
 log = logging.getLogger(__name__)
 
 TOOL_TRIES = 3
-PER_RUN = 8  # calls of one run at once (a model answer's tool calls)
 
 
 async def call_tool(loop: Stepping, state: RunState, step: CallTool) -> None:
@@ -50,12 +49,13 @@ async def call_tool(loop: Stepping, state: RunState, step: CallTool) -> None:
 
 async def call_tools(loop: Stepping, state: RunState, step: CallTools) -> None:
     """Several calls at once: every intention in one append, then the calls run
-    concurrently (at most ``PER_RUN`` of this run at a time); each outcome is made
-    durable as it comes, batched with whatever else the partition appends. A call
-    whose effect is uncertain pauses the run once the others have returned."""
+    concurrently (at most ``tool_calls_per_run`` of the run at a time); each
+    outcome is made durable as it comes, batched with whatever else the partition
+    appends. A call whose effect is uncertain pauses the run once the others have
+    returned."""
     requested = [(call, *_request(loop, state, call)) for call in step.calls]
     await loop.flush()  # write-ahead: every intention durable before any call
-    slots = asyncio.Semaphore(PER_RUN)
+    slots = asyncio.Semaphore(loop.ctx.tool_calls_per_run)
     unsure: list[tuple[CallTool, str, str | None]] = []
 
     async def one(call: CallTool, number: int, key: str) -> None:

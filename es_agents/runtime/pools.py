@@ -87,7 +87,7 @@ class Calls:
         ``timeout`` (a ``TimeoutError`` of the call's own is its own)."""
         deadline = asyncio.timeout(timeout)
         try:
-            async with deadline:
+            async with self._semaphore(), deadline:
                 return await call
         except TimeoutError:
             if deadline.expired():

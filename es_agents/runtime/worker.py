@@ -77,9 +77,9 @@ class Worker:
         instance_id: str | None = None,
         until_idle: bool = False,
         idle_seconds: float = 1.0,
-        threads: int = 64,
+        threads: int | None = None,
     ) -> None:
-        """``threads``: tool and model calls of sync clients at once."""
+        """``threads``: tool and model calls at once (default: the settings')."""
         self.settings = settings
         self.agent = agent
         self.ports = ports
@@ -139,10 +139,11 @@ class Worker:
             probe=ports.probe,
             commands_topic=kafka.commands_topic,
             max_event_bytes=kafka.max_event_bytes,
+            tool_calls_per_run=settings.tool_calls_per_run,
             done=self.tracker.done,
             start_agent=self.start_agent,
             io=Blocking(),
-            calls=Calls(threads),
+            calls=Calls(threads or settings.tool_calls_per_worker),
             lock=self._lock,
             telemetry=ports.telemetry,
             tracer=ports.tracer,

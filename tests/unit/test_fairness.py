@@ -1,5 +1,6 @@
-"""More active runs than a worker has threads: every run progresses (time slices),
-and a run that gave its thread up goes on from where it was, nothing repeated."""
+"""More active runs than a worker makes calls at once (``threads``: its call pool's
+bound): every run progresses -- runs are tasks on one event loop, each awaiting at
+its appends and calls -- and nothing is repeated."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from es_agents.lab.bench import ToolLoop
 from es_agents.settings import KafkaSettings, Settings
 
 
-def test_runs_beyond_the_threads_take_turns() -> None:
+def test_runs_beyond_the_call_bound_take_turns() -> None:
     kafka = KafkaSettings(topic_prefix=f"slices-{uuid.uuid4().hex[:8]}", partitions=2)
     settings = Settings(kafka=kafka, store="memory", payloads="off")
     ports = build_ports(settings)
@@ -35,7 +36,7 @@ def test_runs_beyond_the_threads_take_turns() -> None:
             }
 
         deadline = time.monotonic() + 60
-        while min(progress().values()) < 20:  # each run, past its first slices
+        while min(progress().values()) < 20:  # each run, well on its way
             assert time.monotonic() < deadline, f"runs starved: {progress()}"
             time.sleep(0.05)
     finally:
