@@ -6,8 +6,9 @@ Postgres transaction together with the consumed offsets (``projector_offsets``),
 messages below the stored offset are skipped, so a projector killed at any point and
 restarted ends with the same tables as one that never crashed. Claims and the writes
 of fenced workers are left out (``es_agents.core.epochs``); the partition's epoch
-floors are stored with its offset. Rows go in with
-pipelined ``executemany`` (psycopg pipelines it), not one round trip per row. A
+floors are stored with its offset. A batch's events and runs go in with one
+statement each (columns as arrays, unnested), the rest with pipelined
+``executemany``. A
 snapshot holds a run's state without its transcript, which goes to
 ``run_transcripts`` in append-only chunks; only a run's latest snapshot is kept.
 """
@@ -395,13 +396,8 @@ class Projector:
 
     def _write(self, conn: psycopg.Connection[Any], batch: Batch) -> None:
         with conn.cursor() as cur:
-            if batch.events:
-                cur.executemany(
-                    "INSERT INTO run_events (run_id, seq, step, type, event_id, at, "
-                    'partition, "offset", payload) VALUES (%s, %s, %s, %s, %s, %s, %s, '
-                    "%s, %s) ON CONFLICT DO NOTHING",
-                    batch.events,
-                )
+            if batch.events:  # one statement for the batch: arrays, unnested
+                cur.execute(_INSERT_EVENTS, _columns(batch.events, 9))
             if batch.chunks:
                 cur.executemany(
                     "INSERT INTO run_transcripts (run_id, chunk, messages) "
@@ -417,9 +413,11 @@ class Projector:
                     batch.snapshots,
                 )
                 # Only the latest snapshot of a run is ever read (O(K) resume).
-                cur.executemany(
-                    "DELETE FROM run_snapshots WHERE run_id = %s AND seq < %s",
-                    list(batch.latest.items()),
+                cur.execute(
+                    "DELETE FROM run_snapshots s USING unnest(%s::text[], "
+                    "%s::bigint[]) AS l(run_id, seq) "
+                    "WHERE s.run_id = l.run_id AND s.seq < l.seq",
+                    _columns(list(batch.latest.items()), 2),
                 )
             if batch.dead:
                 cur.executemany(
@@ -428,9 +426,8 @@ class Projector:
                     batch.dead,
                 )
             if batch.runs:
-                cur.executemany(
-                    _UPSERT_RUN, [_run_row(*run) for run in batch.runs.values()]
-                )
+                rows = [_run_row(*run) for run in batch.runs.values()]
+                cur.execute(_UPSERT_RUNS, _columns(rows, len(_COLUMNS)))
             cur.executemany(
                 "INSERT INTO projector_offsets "
                 "(group_id, topic, partition, next_offset, floors) "
@@ -445,14 +442,46 @@ class Projector:
             )
 
 
+# A batch goes into each table in one statement: a column of values per array,
+# unnested (psycopg's executemany would send one statement per row).
+_INSERT_EVENTS = (
+    "INSERT INTO run_events (run_id, seq, step, type, event_id, at, partition, "
+    '"offset", payload) SELECT * FROM unnest(%s::text[], %s::bigint[], %s::integer[], "
+    "%s::text[], %s::text[], %s::timestamptz[], %s::integer[], %s::bigint[], "
+    "%s::bytea[]) ON CONFLICT DO NOTHING"
+)
 _COLUMNS = (*RUN_COLUMNS, "partition", "last_offset", "head")
-_UPSERT_RUN = (
+_TYPES = {  # the runs columns' types, for their arrays
+    "step": "integer",
+    "last_seq": "bigint",
+    "wake_at": "timestamptz",
+    "reducer_version": "integer",
+    "prompt_tokens": "bigint",
+    "completion_tokens": "bigint",
+    "model_calls": "integer",
+    "tool_calls": "integer",
+    "reconciled_calls": "integer",
+    "started_at": "timestamptz",
+    "updated_at": "timestamptz",
+    "origin_seq": "bigint",
+    "partition": "integer",
+    "last_offset": "bigint",
+}
+_UPSERT_RUNS = (
     f"INSERT INTO runs ({', '.join(_COLUMNS)}) "  # noqa: S608 - fixed column names
-    f"VALUES ({', '.join(['%s'] * len(_COLUMNS))}) "
-    "ON CONFLICT (run_id) DO UPDATE SET "
+    "SELECT * FROM unnest("
+    + ", ".join(f"%s::{_TYPES.get(c, 'text')}[]" for c in _COLUMNS)
+    + ") ON CONFLICT (run_id) DO UPDATE SET "
     + ", ".join(f"{c} = EXCLUDED.{c}" for c in _COLUMNS[1:])
     + " WHERE runs.last_seq < EXCLUDED.last_seq"
 )
+
+
+def _columns(rows: Sequence[Sequence[Any]], width: int) -> list[list[Any]]:
+    """Rows as columns (one array parameter each)."""
+    if not rows:
+        return [[] for _ in range(width)]
+    return [list(column) for column in zip(*rows, strict=True)]
 
 
 def _run_row(
