@@ -8,8 +8,7 @@ restarted ends with the same tables as one that never crashed. Claims and the wr
 of fenced workers are left out (``es_agents.core.epochs``); the partition's epoch
 floors are stored with its offset. A batch's events and runs go in with one
 statement each (columns as arrays, unnested), the rest with pipelined
-``executemany``. A
-snapshot holds a run's state without its transcript, which goes to
+``executemany``. A snapshot holds a run's state without its transcript, which goes to
 ``run_transcripts`` in append-only chunks; only a run's latest snapshot is kept.
 """
 
@@ -446,9 +445,9 @@ class Projector:
 # unnested (psycopg's executemany would send one statement per row).
 _INSERT_EVENTS = (
     "INSERT INTO run_events (run_id, seq, step, type, event_id, at, partition, "
-    '"offset", payload) SELECT * FROM unnest(%s::text[], %s::bigint[], %s::integer[], "
-    "%s::text[], %s::text[], %s::timestamptz[], %s::integer[], %s::bigint[], "
-    "%s::bytea[]) ON CONFLICT DO NOTHING"
+    '"offset", payload) SELECT * FROM unnest(%s::text[], %s::bigint[], '
+    "%s::integer[], %s::text[], %s::text[], %s::timestamptz[], %s::integer[], "
+    "%s::bigint[], %s::bytea[]) ON CONFLICT DO NOTHING"
 )
 _COLUMNS = (*RUN_COLUMNS, "partition", "last_offset", "head")
 _TYPES = {  # the runs columns' types, for their arrays
