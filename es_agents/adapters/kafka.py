@@ -161,7 +161,7 @@ class _Acks:
         where: str,
         then: Callable[[list[Position], Exception | None], None] | None = None,
     ) -> None:
-        self.positions: list[Position] = [Position("", -1, -1)] * count
+        self.positions: list[Position] = []  # in the order acknowledged
         self.error: AppendError | None = None
         self.done = threading.Event()
         self._where = where
@@ -176,25 +176,25 @@ class _Acks:
         if self._then is not None:
             self._then(self.positions, self.error)
 
-    def delivered(self, i: int) -> Callable[[KafkaError | None, Message], None]:
-        def report(err: KafkaError | None, msg: Message) -> None:
-            # Must never raise: no later acknowledgement would be served.
-            if err is not None:
-                self.error = AppendError(f"{self._where}: not acknowledged: {err}")
-            else:  # an offset may be unknown after a retry across a restart (-1)
-                offset, partition = msg.offset(), msg.partition()
-                self.positions[i] = Position(
+    def delivered(self, err: KafkaError | None, msg: Message) -> None:
+        """The delivery report of one record of the batch (one bound method for
+        them all). Must never raise: no later acknowledgement would be served."""
+        if err is not None:
+            self.error = AppendError(f"{self._where}: not acknowledged: {err}")
+        else:  # an offset may be unknown after a retry across a restart (-1)
+            offset, partition = msg.offset(), msg.partition()
+            self.positions.append(
+                Position(
                     msg.topic() or "",
                     partition if partition is not None else -1,
                     offset if offset is not None else -1,
                 )
-            with self._lock:
-                self._left -= 1
-                last = self._left == 0
-            if last:
-                self._finish()
-
-        return report
+            )
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last:
+            self._finish()
 
 
 @final
@@ -313,8 +313,8 @@ class KafkaProducerLink:
         then: Callable[[list[Position], Exception | None], None] | None,
     ) -> _Acks:
         acks = _Acks(len(records), f"{topic}[{partition}]", then)
-        for i, (key, value, headers) in enumerate(records):
-            self._produce(topic, key, value, headers, partition, acks.delivered(i))
+        for key, value, headers in records:
+            self._produce(topic, key, value, headers, partition, acks.delivered)
         return acks
 
     def _produce(  # noqa: PLR0917 - librdkafka's produce, one place

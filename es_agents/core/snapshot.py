@@ -16,7 +16,6 @@ transcript inline, or without its chain, still load.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict
 from datetime import datetime
 from typing import Any
 
@@ -64,20 +63,30 @@ def _parse_time(value: object) -> datetime | None:
     return datetime.fromisoformat(value) if isinstance(value, str) else None
 
 
+def _fields(value: Any) -> dict[str, Any]:
+    """A flat slots dataclass as a dict (``asdict`` recurses and copies: a tenth
+    of the projector's time went to it)."""
+    return {name: getattr(value, name) for name in value.__slots__}
+
+
 def to_snapshot(state: RunState, inline: bool = True) -> dict[str, JsonValue]:
     """The state as JSON; ``inline=False``: the transcript's length in its place
     (the messages are stored as chunks)."""
     pending: dict[str, Any] | None = None
     if isinstance(state.pending, PendingModelCall):
-        pending = {"kind": "model", **asdict(state.pending)}
+        pending = {"kind": "model", **_fields(state.pending)}
     elif isinstance(state.pending, PendingToolCall):
-        pending = {"kind": "tool", **asdict(state.pending)}
+        pending = {"kind": "tool", **_fields(state.pending)}
     # Tool calls in flight together beyond ``pending`` (absent when there are none,
     # so that snapshots of runs that never ran calls concurrently read as before).
-    more: list[JsonValue] = [asdict(p) for p in state.pending_tools[1:]]
+    more: list[JsonValue] = [_fields(p) for p in state.pending_tools[1:]]
     waiting = None
     if state.waiting is not None:
-        waiting = {**asdict(state.waiting), "wake_at": _time(state.waiting.wake_at)}
+        waiting = {
+            **_fields(state.waiting),
+            "approvals": list(state.waiting.approvals),
+            "wake_at": _time(state.waiting.wake_at),
+        }
     return {
         "reducer_version": REDUCER_VERSION,
         "run_id": state.run_id,
@@ -106,13 +115,13 @@ def to_snapshot(state: RunState, inline: bool = True) -> dict[str, JsonValue]:
         "model_attempts": state.model_attempts,
         "tool_calls": state.tool_calls,
         "reconciled_calls": state.reconciled_calls,
-        "last_resume": asdict(state.last_resume) if state.last_resume else None,
+        "last_resume": _fields(state.last_resume) if state.last_resume else None,
         "early_decisions": state.early_decisions,  # type: ignore[dict-item]
         "gate_decisions": state.gate_decisions,  # type: ignore[dict-item]
         "command_ids": list[JsonValue](sorted(state.command_ids)),
         "output_json": state.output_json,
         "error": state.error,
-        "versions": asdict(state.versions),
+        "versions": _fields(state.versions),
         "migrations": [list(m) for m in state.migrations],
         "last_gate": state.last_gate,
         "started_at": _time(state.started_at),

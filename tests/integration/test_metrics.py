@@ -127,5 +127,6 @@ def test_metrics_and_json_logs(env: dict[str, str]) -> None:
     assert paused["reason"] == "awaiting_approval"
     resumed = next(line for line in mine if line["event"] == "resumed")
     assert resumed["by"] == "ann"
-    assert {"model_call_requested", "tool_call_requested"} <= set(events)
+    # Each step's intention is a DEBUG line: not at the worker's default level.
+    assert not {"model_call_requested", "tool_call_requested"} & set(events)
     assert all(isinstance(line["step"], int) for line in mine)
