@@ -10,7 +10,8 @@ runtime's one retry policy decides, and records each attempt. Streaming is off.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 from pydantic import JsonValue
@@ -21,7 +22,7 @@ from es_agents.errors import RetryableToolError, Unavailable
 from es_agents.models import Completion, status_error
 
 if TYPE_CHECKING:
-    from openai import OpenAI
+    from openai import AsyncOpenAI, OpenAI
     from openai.types.chat import (
         ChatCompletion,
         ChatCompletionMessageParam,
@@ -106,7 +107,8 @@ def from_openai(response: ChatCompletion, requested_model: str) -> Completion:
 class OpenAIChatModel:
     """``complete`` raises ``Unavailable`` (connection, timeout, 408/409/429/5xx:
     retry), ``ModelError`` (another 4xx: do not), ``RetryableToolError`` (a body
-    that does not parse)."""
+    that does not parse). ``acomplete`` is the same on the SDK's async client: the
+    worker awaits it on its event loop, no thread per call."""
 
     def __init__(
         self,
@@ -118,12 +120,28 @@ class OpenAIChatModel:
         from openai import OpenAI  # noqa: PLC0415 - the SDK loads only when used
 
         self.model_id = model
-        self._client: OpenAI = OpenAI(
-            base_url=base_url,
-            api_key=api_key or "not-needed",  # local servers take any key
-            timeout=timeout,
-            max_retries=0,
-        )
+        self._options: dict[str, Any] = {
+            "base_url": base_url,
+            "api_key": api_key or "not-needed",  # local servers take any key
+            "timeout": timeout,
+            "max_retries": 0,
+        }
+        self._client: OpenAI = OpenAI(**self._options)
+        self._async: AsyncOpenAI | None = None  # made on the loop that awaits it
+
+    def _request(
+        self,
+        messages: Sequence[Message],
+        params: dict[str, JsonValue],
+        tools: Sequence[ToolSpec],
+    ) -> dict[str, Any]:
+        return {
+            "model": self.model_id,
+            "messages": to_openai_messages(messages),
+            "stream": False,
+            **({"tools": to_openai_tools(tools)} if tools else {}),
+            **params,
+        }
 
     def complete(
         self,
@@ -131,23 +149,43 @@ class OpenAIChatModel:
         params: dict[str, JsonValue],
         tools: Sequence[ToolSpec] = (),
     ) -> Completion:
+        with self._translated():
+            response: ChatCompletion = self._client.chat.completions.create(
+                **self._request(messages, params, tools)
+            )
+        return self._parse(response)
+
+    async def acomplete(
+        self,
+        messages: Sequence[Message],
+        params: dict[str, JsonValue],
+        tools: Sequence[ToolSpec] = (),
+    ) -> Completion:
+        if self._async is None:
+            from openai import AsyncOpenAI  # noqa: PLC0415
+
+            self._async = AsyncOpenAI(**self._options)
+        with self._translated():
+            response: ChatCompletion = await self._async.chat.completions.create(
+                **self._request(messages, params, tools)
+            )
+        return self._parse(response)
+
+    @contextlib.contextmanager
+    def _translated(self) -> Iterator[None]:
+        """The SDK's errors as the runtime's."""
         import openai  # noqa: PLC0415
 
-        request: dict[str, Any] = {
-            "model": self.model_id,
-            "messages": to_openai_messages(messages),
-            "stream": False,
-            **({"tools": to_openai_tools(tools)} if tools else {}),
-            **params,
-        }
         try:
-            response: ChatCompletion = self._client.chat.completions.create(**request)
+            yield
         except openai.APIStatusError as e:
             raise status_error(self.model_id, e.status_code, e.body, e.response) from e
         except openai.APIConnectionError as e:  # timeouts included
             raise Unavailable(f"model {self.model_id}: {e}") from e
         except (openai.APIResponseValidationError, ValueError) as e:  # bad JSON too
             raise RetryableToolError(f"unparsable model response: {e}") from e
+
+    def _parse(self, response: ChatCompletion) -> Completion:
         try:
             return from_openai(response, self.model_id)
         except (AttributeError, TypeError, KeyError, IndexError, ValueError) as e:

@@ -4,6 +4,7 @@ model recorded, and each kind of failure mapped to what the runtime does with it
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -236,3 +237,30 @@ def test_the_example_agent_takes_its_model_from_the_environment(
     assert first.tool_calls[0].name == "search"
     assert server.requests[0]["model"] == "local-model"
     assert server.rejected == []
+
+
+def test_the_async_client_speaks_the_same_wire() -> None:
+    """``acomplete`` (the SDK's async client, awaited on the worker's event loop):
+    the same requests and answers, the same errors."""
+    with wire_server("openai", SCRIPT) as server:
+        model = OpenAIChatModel(server.url, "asked-model", timeout=1.0)
+
+        async def conversation() -> None:
+            first = await model.acomplete(TRANSCRIPT, {}, TOOLS)
+            assert first.tool_calls[0].name == "weather"
+            assert first.model_id == "served-model-1"
+            transcript = _after_first_turns()
+            second = await model.acomplete(transcript[:4], {}, TOOLS)
+            assert [c.call_id for c in second.tool_calls] == ["c1", "c2"]
+            server.fail_next(Fault(429, {"Retry-After": "2"}))
+            with pytest.raises(Unavailable) as limited:
+                await model.acomplete(transcript, {}, TOOLS)
+            assert limited.value.retry_after == 2.0
+            server.fail_next(Fault(400))
+            with pytest.raises(ModelError, match="HTTP 400"):
+                await model.acomplete(transcript, {}, TOOLS)
+            last = await model.acomplete(transcript, {}, TOOLS)
+            assert last.content == "done"
+
+        asyncio.run(conversation())
+        assert server.rejected == []
