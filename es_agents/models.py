@@ -41,7 +41,9 @@ class Completion:
 class ModelClient(Protocol):
     """One chat completion. Raises ``Unavailable`` when it may work later (with
     ``retry_after`` when the server said), ``ModelError`` when it will not, and
-    ``RetryableToolError`` for an answer that does not parse."""
+    ``RetryableToolError`` for an answer that does not parse. A client may also
+    offer ``async def acomplete`` with the same arguments: the worker then awaits
+    it on its event loop instead of calling ``complete`` on a thread."""
 
     model_id: str
 

@@ -9,8 +9,9 @@ own retries are off: the runtime's retry policy decides. Streaming is off.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 from pydantic import JsonValue
@@ -21,7 +22,7 @@ from es_agents.errors import RetryableToolError, Unavailable
 from es_agents.models import Completion, status_error
 
 if TYPE_CHECKING:
-    from anthropic import Anthropic
+    from anthropic import Anthropic, AsyncAnthropic
     from anthropic.types import Message as AnthropicMessage
     from anthropic.types import MessageParam, ToolParam
 
@@ -121,7 +122,7 @@ def from_anthropic(response: AnthropicMessage, requested_model: str) -> Completi
 class AnthropicModel:
     """``complete`` raises ``Unavailable`` (connection, timeout, 408/409/429/5xx,
     overloaded), ``ModelError`` (another 4xx), ``RetryableToolError`` (a body that
-    does not parse)."""
+    does not parse). ``acomplete`` is the same on the SDK's async client."""
 
     def __init__(
         self,
@@ -135,23 +136,23 @@ class AnthropicModel:
 
         self.model_id = model
         self.max_tokens = max_tokens
-        self._client: Anthropic = Anthropic(
-            api_key=api_key or "not-needed",
-            base_url=base_url,
-            timeout=timeout,
-            max_retries=0,
-        )
+        self._options: dict[str, Any] = {
+            "api_key": api_key or "not-needed",
+            "base_url": base_url,
+            "timeout": timeout,
+            "max_retries": 0,
+        }
+        self._client: Anthropic = Anthropic(**self._options)
+        self._async: AsyncAnthropic | None = None  # made on the loop that awaits it
 
-    def complete(
+    def _request(
         self,
         messages: Sequence[Message],
         params: dict[str, JsonValue],
-        tools: Sequence[ToolSpec] = (),
-    ) -> Completion:
-        import anthropic  # noqa: PLC0415
-
+        tools: Sequence[ToolSpec],
+    ) -> dict[str, Any]:
         system, wire = to_anthropic(messages)
-        request: dict[str, Any] = {
+        return {
             "model": self.model_id,
             "messages": wire,
             "stream": False,
@@ -160,14 +161,50 @@ class AnthropicModel:
             **({"tools": to_anthropic_tools(tools)} if tools else {}),
             **params,
         }
+
+    def complete(
+        self,
+        messages: Sequence[Message],
+        params: dict[str, JsonValue],
+        tools: Sequence[ToolSpec] = (),
+    ) -> Completion:
+        with self._translated():
+            response: AnthropicMessage = self._client.messages.create(
+                **self._request(messages, params, tools)
+            )
+        return self._parse(response)
+
+    async def acomplete(
+        self,
+        messages: Sequence[Message],
+        params: dict[str, JsonValue],
+        tools: Sequence[ToolSpec] = (),
+    ) -> Completion:
+        if self._async is None:
+            from anthropic import AsyncAnthropic  # noqa: PLC0415
+
+            self._async = AsyncAnthropic(**self._options)
+        with self._translated():
+            response: AnthropicMessage = await self._async.messages.create(
+                **self._request(messages, params, tools)
+            )
+        return self._parse(response)
+
+    @contextlib.contextmanager
+    def _translated(self) -> Iterator[None]:
+        """The SDK's errors as the runtime's."""
+        import anthropic  # noqa: PLC0415
+
         try:
-            response: AnthropicMessage = self._client.messages.create(**request)
+            yield
         except anthropic.APIStatusError as e:
             raise status_error(self.model_id, e.status_code, e.body, e.response) from e
         except anthropic.APIConnectionError as e:  # timeouts included
             raise Unavailable(f"model {self.model_id}: {e}") from e
         except (anthropic.APIResponseValidationError, ValueError) as e:  # bad JSON too
             raise RetryableToolError(f"unparsable model response: {e}") from e
+
+    def _parse(self, response: AnthropicMessage) -> Completion:
         try:
             return from_anthropic(response, self.model_id)
         except (AttributeError, TypeError, KeyError, IndexError, ValueError) as e:

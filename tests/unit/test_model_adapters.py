@@ -239,11 +239,16 @@ def test_the_example_agent_takes_its_model_from_the_environment(
     assert server.rejected == []
 
 
-def test_the_async_client_speaks_the_same_wire() -> None:
+@pytest.mark.parametrize("wire", ["openai", "anthropic"])
+def test_the_async_client_speaks_the_same_wire(wire: str) -> None:
     """``acomplete`` (the SDK's async client, awaited on the worker's event loop):
     the same requests and answers, the same errors."""
-    with wire_server("openai", SCRIPT) as server:
-        model = OpenAIChatModel(server.url, "asked-model", timeout=1.0)
+    with wire_server(wire, SCRIPT) as server:  # type: ignore[arg-type]
+        model: OpenAIChatModel | AnthropicModel
+        if wire == "openai":
+            model = OpenAIChatModel(server.url, "asked-model", timeout=1.0)
+        else:
+            model = AnthropicModel("asked-model", base_url=server.url, timeout=1.0)
 
         async def conversation() -> None:
             first = await model.acomplete(TRANSCRIPT, {}, TOOLS)
