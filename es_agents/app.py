@@ -23,7 +23,6 @@ log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from es_agents.agent import Agent
-    from es_agents.client import Client
     from es_agents.payloads import ClaimCheck
     from es_agents.runtime.worker import Worker
     from projectors.runs import Projector
@@ -374,12 +373,6 @@ def build_projector(settings: Settings, **options: Any) -> Projector:
         telemetry=build_telemetry(settings),
         **options,
     )
-
-
-def build_client(settings: Settings | None = None) -> Client:
-    from es_agents.client import Client
-
-    return Client(settings)
 
 
 def build_client_ports(settings: Settings) -> Ports:

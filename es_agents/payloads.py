@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from es_agents.core.events import (
     Event,
@@ -25,7 +25,6 @@ from es_agents.core.events import (
     ToolReturned,
 )
 from es_agents.errors import ConfigError, PayloadUnavailable
-from es_agents.ports import BlobStore
 
 DEFAULT_THRESHOLD = 256 * 1024
 # The payload fields of each event type that may be claim-checked.
@@ -36,6 +35,18 @@ FIELDS: dict[type[Event], tuple[str, ...]] = {
     Resumed: ("input_json",),
     RunCompleted: ("output_json",),
 }
+
+
+class BlobStore(Protocol):
+    """Content-addressed bytes for payloads too large for an event (claim check)."""
+
+    def put(self, key: str, data: bytes) -> None:
+        """Store ``data`` under ``key``; storing the same key again is harmless."""
+        ...
+
+    def get(self, key: str) -> bytes:
+        """The bytes under ``key``; raise ``PayloadUnavailable`` when missing."""
+        ...
 
 
 @dataclass(frozen=True)

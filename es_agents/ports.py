@@ -437,18 +437,6 @@ class NoProbe:
         pass
 
 
-class BlobStore(Protocol):
-    """Content-addressed bytes for payloads too large for an event (claim check)."""
-
-    def put(self, key: str, data: bytes) -> None:
-        """Store ``data`` under ``key``; storing the same key again is harmless."""
-        ...
-
-    def get(self, key: str) -> bytes:
-        """The bytes under ``key``; raise ``PayloadUnavailable`` when missing."""
-        ...
-
-
 # Builds the fenced writer of (group, partition); it takes the partition's next epoch
 # by calling the third argument (a writer may need to look at the log first).
 WriterFactory = Callable[[str, int, Callable[[], int]], PartitionWriter]

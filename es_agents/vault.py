@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import fields, is_dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, final
+from typing import Any, Protocol, TypeVar, final
 
 from pydantic import BaseModel
 
@@ -41,9 +41,6 @@ from es_agents.core.events import (
 from es_agents.core.step import canonical_json
 from es_agents.core.transcript import Transcript
 from es_agents.errors import ConfigError
-
-if TYPE_CHECKING:
-    from es_agents.ports import EffectLedger, EffectRecord, EffectStatus
 
 PREFIX = "enc1:"
 FORGOTTEN = "(forgotten)"
@@ -298,41 +295,3 @@ def _walk(value: Any, open_: Callable[[str], str]) -> Any:  # noqa: PLR0911 - pe
     if isinstance(value, set):
         return value
     return value
-
-
-@final
-class SealedLedger:
-    """An effect ledger whose stored results are encrypted under their run's key
-    (the dedupe table keeps a call's result for reconciliation)."""
-
-    def __init__(self, inner: EffectLedger, cipher: Cipher) -> None:
-        self.inner = inner
-        self.cipher = cipher
-
-    @staticmethod
-    def _run(key: str) -> str:
-        return key.rsplit(":", 1)[0]  # idempotency keys are run_id:step
-
-    def _open(self, key: str, record: EffectRecord) -> EffectRecord:
-        if record.result_json is None or not record.result_json.startswith(PREFIX):
-            return record
-        text = self.cipher.decrypt_text(self._run(key), record.result_json)
-        return replace(record, result_json=text)
-
-    def begin(self, key: str, run_id: str, step: int, tool: str) -> EffectRecord:
-        return self._open(key, self.inner.begin(key, run_id, step, tool))
-
-    def finish(self, key: str, result_json: str | None, error: str | None) -> None:
-        if result_json is not None:
-            result_json = self.cipher.encrypt_text(self._run(key), result_json)
-        self.inner.finish(key, result_json, error)
-
-    def release(self, key: str) -> None:
-        self.inner.release(key)
-
-    def get(self, key: str) -> EffectRecord | None:
-        record = self.inner.get(key)
-        return self._open(key, record) if record is not None else None
-
-    def entries(self, run_prefix: str = "") -> list[tuple[str, str, EffectStatus]]:
-        return self.inner.entries(run_prefix)

@@ -53,10 +53,11 @@ from es_agents.runtime.offsets import OffsetTracker
 from es_agents.runtime.ownership import Ownership, runs_to_resume
 from es_agents.runtime.pools import Blocking, Calls
 from es_agents.runtime.run_loop import RunLoop
+from es_agents.runtime.sealed_ledger import SealedLedger
 from es_agents.runtime.timers import BATCH, fire_timers
 from es_agents.runtime.warm_runs import WarmRuns
 from es_agents.settings import Settings
-from es_agents.vault import Cipher, SealedLedger, encrypts
+from es_agents.vault import Cipher, encrypts
 
 log = logging.getLogger(__name__)
 
