@@ -342,15 +342,62 @@ def build_tracer(settings: Settings) -> Tracer:
     return otlp_tracer()
 
 
-def build_worker(settings: Settings, agent: Agent, **options: Any) -> Worker:
-    """A worker for ``agent`` on the configured store (topics created if missing)."""
+def build_worker(
+    settings: Settings,
+    agent: Agent,
+    *,
+    group_id: str | None = None,
+    instance_id: str | None = None,
+    until_idle: bool = False,
+    idle_seconds: float = 1.0,
+    threads: int | None = None,
+) -> Worker:
+    """A worker for ``agent`` on the configured store (topics created if missing),
+    wired here: its ports, the partitions' ownership, the offsets it may commit,
+    the runs' context and the pools their calls run on. ``threads``: tool and
+    model calls at once (default ``ES_AGENTS_TOOL_CALLS_PER_WORKER``)."""
+    from es_agents.dead_letters import DeadLetterQueue
+    from es_agents.runtime.context import run_context
+    from es_agents.runtime.loader import RunLoader
+    from es_agents.runtime.offsets import OffsetTracker
+    from es_agents.runtime.others import OtherRuns
+    from es_agents.runtime.ownership import Ownership
+    from es_agents.runtime.pools import Calls
     from es_agents.runtime.worker import Worker
 
     ports = build_ports(settings, member=True)
     ports.ensure_topics()
     ports.telemetry = build_telemetry(settings)
     ports.tracer = build_tracer(settings)
-    return Worker(settings, agent, ports, **options)
+    kafka = settings.kafka
+    group = group_id or f"{kafka.topic_prefix}.workers.{agent.name}"
+    ownership = Ownership(group, ports.projections, ports.writer)
+    tracker = OffsetTracker()
+    others = OtherRuns(ports.book)
+    ctx = run_context(
+        agent,
+        ports,
+        settings,
+        owned=ownership,
+        loader=RunLoader(ports.projections, ports.log, kafka.events_topic),
+        dlq=DeadLetterQueue(ports.log, kafka.dlq_topic, ports.telemetry),
+        done=tracker.done,
+        start_agent=others.agent_of,
+        calls=Calls(threads or settings.tool_calls_per_worker),
+    )
+    return Worker(
+        settings,
+        agent,
+        ports,
+        ctx,
+        ownership,
+        tracker,
+        others,
+        group=group,
+        instance_id=instance_id,
+        until_idle=until_idle,
+        idle_seconds=idle_seconds,
+    )
 
 
 def build_projector(settings: Settings, **options: Any) -> Projector:

@@ -10,20 +10,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from es_agents.approvals import Approvals
+from es_agents.agent import code_revision, declared_gates
+from es_agents.approvals import Approvals, policies_of
 from es_agents.core.commands import Command
 from es_agents.core.events import Event
+from es_agents.core.snapshot import REDUCER_VERSION
 from es_agents.core.state import RunState, Versions
 from es_agents.core.versions import StateMigration, VersionPolicy
 from es_agents.dead_letters import DeadLetterQueue
+from es_agents.errors import ConfigError
 from es_agents.observability import NoTelemetry, NoTracer, Telemetry, Tracer
 from es_agents.payloads import ClaimCheck
-from es_agents.ports import CommandBook, EffectLedger, EventLog, Probe, Timers
-from es_agents.redaction import Redactor
+from es_agents.ports import CommandBook, EffectLedger, EventLog, Ports, Probe, Timers
+from es_agents.redaction import Redactor, has_secrets
 from es_agents.runtime.driver import PartitionDriver
 from es_agents.runtime.loader import RunLoader
 from es_agents.runtime.pools import Blocking, Calls
-from es_agents.vault import Cipher
+from es_agents.runtime.sealed_ledger import SealedLedger
+from es_agents.settings import Settings
+from es_agents.vault import Cipher, encrypts
 
 
 class NotMine(Exception):
@@ -104,3 +109,71 @@ class Stepping(Protocol):
     def add(self, event_type: type[Event], **fields: object) -> Event: ...
 
     async def flush(self) -> None: ...
+
+
+def run_context(
+    agent: Any,
+    ports: Ports,
+    settings: Settings,
+    *,
+    owned: Owned,
+    loader: RunLoader,
+    dlq: DeadLetterQueue,
+    done: Callable[[int, int], None],
+    start_agent: Callable[[str], str | None],
+    calls: Calls,
+) -> RunContext:
+    """The context of ``agent``'s runs: what the running code is (the version gate
+    compares it with what each run started under), its gates and approval
+    policies, how its payloads and secrets are kept, and the ports."""
+    declared = agent.versions()
+    running = Versions(
+        agent_version=str(declared.get("agent_version", "")),
+        code_revision=code_revision(),
+        prompt_hash=str(declared.get("prompt_hash", "")),
+        model_id=str(declared.get("model_id", "")),
+        tools_hash=str(declared.get("tools_hash", "")),
+        reducer_version=REDUCER_VERSION,
+    )
+    policies = policies_of(agent)
+    cipher = Cipher(ports.vault)
+    encrypt = encrypts(agent)
+    if (
+        (encrypt or has_secrets(agent))
+        and ports.store != "memory"
+        and (settings.master is None)
+    ):
+        what = "encrypts its payloads" if encrypt else "has secret arguments"
+        raise ConfigError(
+            f"agent {agent.name!r} {what}: set ES_AGENTS_MASTER_KEY "
+            "or ES_AGENTS_MASTER_KEY_FILE (es-agents vault new-master-key)"
+        )
+    kafka = settings.kafka
+    return RunContext(
+        agent=agent,
+        running=running,
+        policy=getattr(agent, "version_policy", VersionPolicy()),
+        migrations=list(getattr(agent, "migrations", [])),
+        gates=declared_gates(agent),
+        log=ports.log,
+        loader=loader,
+        owned=owned,
+        book=ports.book,
+        ledger=SealedLedger(ports.ledger, cipher) if encrypt else ports.ledger,
+        timers=ports.timers,
+        dlq=dlq,
+        claims=ports.claims,
+        probe=ports.probe,
+        commands_topic=kafka.commands_topic,
+        max_event_bytes=kafka.max_event_bytes,
+        tool_calls_per_run=settings.tool_calls_per_run,
+        done=done,
+        start_agent=start_agent,
+        calls=calls,
+        telemetry=ports.telemetry,
+        tracer=ports.tracer,
+        approvals=Approvals(policies, ports.keyring) if policies else None,
+        cipher=cipher,
+        encrypt=encrypt,
+        redactor=Redactor(cipher, agent.tools),
+    )

@@ -29,132 +29,69 @@ from collections import OrderedDict, deque
 from collections.abc import Coroutine, Mapping
 from typing import Any
 
-from es_agents.agent import Agent, code_revision, declared_gates
-from es_agents.approvals import Approvals, policies_of
+from es_agents.agent import Agent
 from es_agents.core.commands import Command, FireTimer, ForkRun, StartRun
-from es_agents.core.snapshot import REDUCER_VERSION
-from es_agents.core.state import Versions
-from es_agents.core.versions import StateMigration, VersionPolicy
-from es_agents.dead_letters import DeadLetterQueue
 from es_agents.errors import (
     AppendError,
-    ConfigError,
     FencedError,
     PayloadUnavailable,
     RunError,
     Unavailable,
 )
 from es_agents.ports import Decided, Ports, Position
-from es_agents.redaction import Redactor, has_secrets
 from es_agents.runtime import containment
 from es_agents.runtime.context import RunActor, RunContext
-from es_agents.runtime.loader import RunLoader
 from es_agents.runtime.offsets import OffsetTracker
+from es_agents.runtime.others import OtherRuns, remember
 from es_agents.runtime.ownership import Ownership, runs_to_resume
-from es_agents.runtime.pools import Blocking, Calls
 from es_agents.runtime.run_loop import RunLoop
-from es_agents.runtime.sealed_ledger import SealedLedger
 from es_agents.runtime.timers import BATCH, fire_timers
 from es_agents.runtime.warm_runs import WarmRuns
 from es_agents.settings import Settings
-from es_agents.vault import Cipher, encrypts
 
 log = logging.getLogger(__name__)
-
-_STARTS = (StartRun.wire_name, ForkRun.wire_name)  # commands that create a run
 
 HEARTBEAT_SECONDS = 5.0
 STOP_SECONDS = 60.0  # at close, how long runs may take to reach a step's end
 
 
 class Worker:
-    def __init__(
+    """A consumer-group member driving its agent's runs. Wired by the composition
+    root (``es_agents.app.build_worker``): it receives the run context, the
+    partitions' ownership, the offset tracker and the record of other agents' runs."""
+
+    def __init__(  # noqa: PLR0917 - the collaborators the composition root wires
         self,
         settings: Settings,
         agent: Agent,
         ports: Ports,
+        ctx: RunContext,
+        ownership: Ownership,
+        tracker: OffsetTracker,
+        others: OtherRuns,
         *,
-        group_id: str | None = None,
+        group: str,
         instance_id: str | None = None,
         until_idle: bool = False,
         idle_seconds: float = 1.0,
-        threads: int | None = None,
     ) -> None:
-        """``threads``: tool and model calls at once (default: the settings')."""
         self.settings = settings
         self.agent = agent
         self.ports = ports
+        self.ctx = ctx
+        self.ownership = ownership
+        self.tracker = tracker
+        self.others = others
         self.until_idle = until_idle
         self.idle_seconds = idle_seconds
-        kafka = settings.kafka
         self.log = ports.log
-        self.dlq = DeadLetterQueue(ports.log, kafka.dlq_topic, ports.telemetry)
-        self.gates = declared_gates(agent)
+        self.dlq = ctx.dlq
+        self._group = group
         self._worker_id = uuid.uuid4().hex
-        self._group = group_id or f"{kafka.topic_prefix}.workers.{agent.name}"
-        self.loader = RunLoader(ports.projections, ports.log, kafka.events_topic)
-        self.ownership = Ownership(self._group, ports.projections, ports.writer)
-        self.warm = WarmRuns(settings.warm_runs, self.ownership.current_epoch)
-        # What this worker runs: the gate compares it with what each run started under.
-        declared = agent.versions()
-        self.running = Versions(
-            agent_version=str(declared.get("agent_version", "")),
-            code_revision=code_revision(),
-            prompt_hash=str(declared.get("prompt_hash", "")),
-            model_id=str(declared.get("model_id", "")),
-            tools_hash=str(declared.get("tools_hash", "")),
-            reducer_version=REDUCER_VERSION,
-        )
-        policy: VersionPolicy = getattr(agent, "version_policy", VersionPolicy())
-        migrations: list[StateMigration] = list(getattr(agent, "migrations", []))
-        self.tracker = OffsetTracker()
-        self._lock = threading.Lock()
-        policies = policies_of(agent)
-        approvals = Approvals(policies, ports.keyring) if policies else None
-        cipher = Cipher(ports.vault)
-        encrypt = encrypts(agent)
-        if (
-            (encrypt or has_secrets(agent))
-            and ports.store != "memory"
-            and settings.master is None
-        ):
-            what = "encrypts its payloads" if encrypt else "has secret arguments"
-            raise ConfigError(
-                f"agent {agent.name!r} {what}: set ES_AGENTS_MASTER_KEY "
-                "or ES_AGENTS_MASTER_KEY_FILE (es-agents vault new-master-key)"
-            )
-        self.ctx = RunContext(
-            agent=agent,
-            running=self.running,
-            policy=policy,
-            migrations=migrations,
-            gates=self.gates,
-            log=ports.log,
-            loader=self.loader,
-            owned=self.ownership,
-            book=ports.book,
-            ledger=SealedLedger(ports.ledger, cipher) if encrypt else ports.ledger,
-            timers=ports.timers,
-            dlq=self.dlq,
-            claims=ports.claims,
-            probe=ports.probe,
-            commands_topic=kafka.commands_topic,
-            max_event_bytes=kafka.max_event_bytes,
-            tool_calls_per_run=settings.tool_calls_per_run,
-            done=self.tracker.done,
-            start_agent=self.start_agent,
-            io=Blocking(),
-            calls=Calls(threads or settings.tool_calls_per_worker),
-            lock=self._lock,
-            telemetry=ports.telemetry,
-            tracer=ports.tracer,
-            approvals=approvals,
-            cipher=cipher,
-            encrypt=encrypt,
-            redactor=Redactor(cipher, agent.tools),
-        )
+        self._lock = ctx.lock
+        self.warm = WarmRuns(settings.warm_runs, ownership.current_epoch)
         # Milliseconds per acknowledged append (one per step), for benchmarks.
-        self.append_ms = self.ctx.append_ms
+        self.append_ms = ctx.append_ms
         # The runtime: an event loop on a thread of its own, every run a task.
         self._loop = asyncio.new_event_loop()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -162,9 +99,8 @@ class Worker:
             target=self._loop.run_forever, daemon=True, name="es-runtime"
         )
         self._runtime.start()
-        # Runs of other agents seen starting here, and runs this process cannot
-        # load (their commands are refused with the reason), both bounded.
-        self._others: OrderedDict[str, str] = OrderedDict()
+        # Runs this process cannot load: their commands are refused with the
+        # reason (bounded).
         self._quarantined: OrderedDict[str, str] = OrderedDict()
         self._actors: dict[str, RunActor] = {}
         self._recovering: deque[int] = deque()
@@ -173,8 +109,8 @@ class Worker:
         self._stop = threading.Event()
         self._fatal: BaseException | None = None
         self.source = ports.subscribe(
-            kafka.commands_topic,
-            self._group,
+            settings.kafka.commands_topic,
+            group,
             ports.log.decode_command,
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
@@ -231,8 +167,8 @@ class Worker:
         self.ports.book.serve(
             self._worker_id,
             self.agent.name,
-            self.running.agent_version,
-            None if self.gates is None else sorted(self.gates),
+            self.ctx.running.agent_version,
+            None if self.ctx.gates is None else sorted(self.ctx.gates),
             sorted(self.agent.tools),
             self._group,
         )
@@ -356,10 +292,10 @@ class Worker:
 
     def _route(self, command: Command, partition: int, offset: int) -> None:
         if isinstance(command, StartRun | ForkRun) and command.agent != self.agent.name:
-            _remember(self._others, command.run_id, command.agent)
+            self.others.remember(command.run_id, command.agent)
             self.skip(partition, offset)  # that agent's own workers start it
             return
-        if command.run_id in self._others:
+        if command.run_id in self.others:
             self.skip(partition, offset)
             return
         reason = self._quarantined.get(command.run_id)
@@ -373,16 +309,6 @@ class Worker:
 
     def skip(self, partition: int, offset: int) -> None:
         self.tracker.done(partition, offset)
-
-    def start_agent(self, run_id: str) -> str | None:
-        """The agent a run's start named, when this worker or the client saw it."""
-        agent = self._others.get(run_id)
-        if agent is not None:
-            return agent
-        for verdict in self.ports.book.for_run(run_id):
-            if verdict.type in _STARTS and verdict.status != "refused":
-                return verdict.agent
-        return None
 
     def _activate(self, actor: RunActor) -> None:
         with self._lock:
@@ -486,7 +412,7 @@ class Worker:
 
     def quarantine(self, actor: RunActor, reason: str) -> None:
         log.error("%s; its commands are refused until this worker restarts", reason)
-        _remember(self._quarantined, actor.run_id, reason)
+        remember(self._quarantined, actor.run_id, reason)
         with self._lock:
             pending = list(actor.inbox)
             actor.inbox.clear()
@@ -505,10 +431,3 @@ class Worker:
         if not isinstance(command, FireTimer):
             self.ports.book.decided([Decided(command, "refused", reason)])
         self.skip(partition, offset)
-
-
-def _remember(table: OrderedDict[str, str], run_id: str, value: str) -> None:
-    table[run_id] = value
-    table.move_to_end(run_id)
-    while len(table) > 100_000:
-        table.popitem(last=False)
