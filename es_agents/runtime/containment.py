@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
-from typing import Protocol
+from dataclasses import dataclass, field
 
 from es_agents.core.events import Event, Interrupted, RunFailed
 from es_agents.core.fold import fold
@@ -42,34 +42,25 @@ def infrastructure(error: BaseException) -> bool:
     return module in _DRIVERS or isinstance(error, OSError)
 
 
-class Keeper(Protocol):
-    """What containment needs of the worker: its context, and to let a run go."""
+@dataclass
+class Aftermath:
+    """What the worker does once a failure is contained: values, not calls back."""
 
-    ctx: RunContext
-
-    def forget(self, actor: RunActor) -> None:
-        """Stop driving the run here (another worker owns it now)."""
-        ...
-
-    def quarantine(self, actor: RunActor, reason: str) -> None:
-        """Refuse the run's commands, with ``reason``, until a restart."""
-        ...
-
-    def skip(self, partition: int, offset: int) -> None:
-        """A command handled without events: its offset may be committed."""
-        ...
+    let_go: bool = False  # another worker owns the run now: stop driving it here
+    quarantine: str | None = None  # refuse the run's commands, with this reason
+    skip: list[int] = field(default_factory=list)  # offsets handled without events
 
 
 async def contain_payload(
-    w: Keeper, actor: RunActor, failed: RunLoop | None, error: PayloadUnavailable
+    ctx: RunContext, actor: RunActor, failed: RunLoop | None, error: PayloadUnavailable
 ) -> None:
     """A claim-checked payload the run needs cannot be read: pause the run with
     reason ``payload_unavailable`` (its position is known without payloads)."""
     log.warning("run %s: %s", actor.run_id, error)
-    loop = await RunLoop.open(w.ctx, actor, restore=False)
+    loop = await RunLoop.open(ctx, actor, restore=False)
     if failed is not None:
         loop.applied = failed.applied
-    await w.ctx.io(loop.apply_commands)  # deciding needs no payload; stepping does
+    await ctx.io(loop.apply_commands)  # deciding needs no payload; stepping does
     state = loop.state
     if state is None or state.status != "running":
         await loop.flush()
@@ -92,31 +83,29 @@ async def contain_payload(
 
 
 async def contain(
-    w: Keeper, actor: RunActor, loop: RunLoop | None, kind: str, reason: str
-) -> bool:
-    """End the run with its failure; False when this worker must let it go."""
+    ctx: RunContext, actor: RunActor, loop: RunLoop | None, kind: str, reason: str
+) -> Aftermath:
+    """End the run with its failure; what the worker does then."""
     try:
-        await end_run(w, actor, loop, kind, reason)
+        return await end_run(ctx, actor, loop, kind, reason)
     except FencedError as e:
         log.warning("run %s: %s", actor.run_id, e)
-        w.forget(actor)
-        return False
+        return Aftermath(let_go=True)
     except (Unavailable, AppendError):
         raise
     except Exception as e:
         if infrastructure(e):
             raise Unavailable(f"run {actor.run_id}: {e!r}") from e
         log.exception("run %s: cannot record its failure", actor.run_id)
-        w.quarantine(actor, f"run {actor.run_id} cannot be failed: {e}")
-        if loop is not None:
-            for offset in loop.applied:
-                w.skip(actor.partition, offset)
-    return True
+        return Aftermath(
+            quarantine=f"run {actor.run_id} cannot be failed: {e}",
+            skip=list(loop.applied) if loop is not None else [],
+        )
 
 
-async def end_run(  # noqa: PLR0912 - one branch per way a failure is kept
-    w: Keeper, actor: RunActor, failed: RunLoop | None, kind: str, reason: str
-) -> None:
+async def end_run(
+    ctx: RunContext, actor: RunActor, failed: RunLoop | None, kind: str, reason: str
+) -> Aftermath:
     """Record ``run_failed`` (kind, reason) for a run that cannot go on.
 
     The run is loaded afresh from the log (the failed loop's state may be half
@@ -126,18 +115,18 @@ async def end_run(  # noqa: PLR0912 - one branch per way a failure is kept
     """
     log.warning("run %s failed (%s): %s", actor.run_id, kind, reason)
     try:
-        loop = await RunLoop.open(w.ctx, actor)
+        loop = await RunLoop.open(ctx, actor)
     except (FencedError, Unavailable, AppendError):
         raise
     except Exception as e:
         if infrastructure(e):
             raise Unavailable(f"run {actor.run_id}: {e!r}") from e
-        w.quarantine(actor, f"run {actor.run_id} cannot be loaded: {e}")
         if failed is not None:
-            await refuse_applied(w.ctx, failed, f"run failed ({kind}): {reason}")
-            for offset in failed.applied:
-                w.skip(actor.partition, offset)
-        return
+            await refuse_applied(ctx, failed, f"run failed ({kind}): {reason}")
+        return Aftermath(
+            quarantine=f"run {actor.run_id} cannot be loaded: {e}",
+            skip=list(failed.applied) if failed is not None else [],
+        )
     kept: list[Event] = []
     base = loop.state if loop.state is not None else RunState(actor.run_id)
     if failed is not None and failed.buffer and failed.buffer[0].seq == base.seq + 1:
@@ -154,15 +143,16 @@ async def end_run(  # noqa: PLR0912 - one branch per way a failure is kept
         if kept:
             loop.verdicts = failed.verdicts
         else:
-            await refuse_applied(w.ctx, failed, f"run failed ({kind}): {reason}")
+            await refuse_applied(ctx, failed, f"run failed ({kind}): {reason}")
             failed.verdicts = []
     if base.seq < 0 or base.terminal:
         loop.state = None
         await loop.flush()  # nothing to record; the commands' offsets are done
-        return
+        return Aftermath()
     loop.state, loop.buffer = base, kept
     loop.add(RunFailed, error=f"{kind}: {reason}"[:4000], kind=kind)
     await loop.flush()
+    return Aftermath()
 
 
 async def refuse_applied(ctx: RunContext, failed: RunLoop, reason: str) -> None:

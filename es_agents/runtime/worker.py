@@ -379,17 +379,28 @@ class Worker:
                 failure = (kind, f"{type(e).__name__}: {e}")
             if unreadable is not None:
                 try:
-                    await containment.contain_payload(self, actor, loop, unreadable)
+                    await containment.contain_payload(self.ctx, actor, loop, unreadable)
                 except FencedError as e:
                     self._fenced(actor, e)
                     self.forget(actor)
                     return
-            elif failure is not None and not await containment.contain(
-                self, actor, loop, *failure
-            ):
-                return
+            elif failure is not None:
+                after = await containment.contain(self.ctx, actor, loop, *failure)
+                if not self._settle(actor, after):
+                    return
             if not self._again(actor):
                 return
+
+    def _settle(self, actor: RunActor, after: containment.Aftermath) -> bool:
+        """Carry out what containing a failure decided; False: the run is let go."""
+        if after.quarantine is not None:
+            self.quarantine(actor, after.quarantine)
+        for offset in after.skip:
+            self.skip(actor.partition, offset)
+        if after.let_go:
+            self.forget(actor)
+            return False
+        return True
 
     def _again(self, actor: RunActor) -> bool:
         """After an activation: drive the run again (commands came meanwhile), or
