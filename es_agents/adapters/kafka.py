@@ -466,6 +466,7 @@ class KafkaEventLog(CodedLog):
             from_offset,
             at_least=at_least,
             floors=floors,
+            key=run_id,
         )
         try:
             for record in records:
@@ -502,7 +503,7 @@ class KafkaEventLog(CodedLog):
                     continue  # the worker dead-letters it
         return commands
 
-    def read_partition(
+    def read_partition(  # noqa: PLR0912 - a branch per kind of fetched message
         self,
         topic: str,
         partition: int,
@@ -510,6 +511,7 @@ class KafkaEventLog(CodedLog):
         at_least: int = 0,
         *,
         floors: StartFloors | None = None,
+        key: str | None = None,
     ) -> Iterator[Record]:
         """Records of one partition from ``start`` to its current end, as the fetch
         itself reports it (partition EOF): no separate round trip for the
@@ -523,7 +525,11 @@ class KafkaEventLog(CodedLog):
 
         On the events topic, only the events that count: claims and the writes of
         fenced workers are left out (``EpochFence`` from ``floors``).
+
+        ``key``: only that key's records (and the keyless claims the fence needs)
+        are made into records; the others are passed over unparsed.
         """
+        wanted = key.encode() if key is not None else None
         fence = None
         if topic == self.settings.events_topic:
             fence = floors if isinstance(floors, EpochFence) else EpochFence(floors)
@@ -546,6 +552,8 @@ class KafkaEventLog(CodedLog):
                             continue  # our own commit's markers are not written yet
                         if msg.error() is not None:
                             raise Unavailable(f"{topic}[{partition}]: {msg.error()}")
+                        if wanted is not None and msg.key() not in (None, wanted):
+                            continue  # another run's record
                         record = to_record(msg)
                         if fence is None or fence.admits(record.headers):
                             yield record
