@@ -64,13 +64,13 @@ class ClaimCheck:
         fields = FIELDS.get(type(event))
         if fields is None:
             return False
-        if any(
-            isinstance(v, str) and len(v) * 4 > self.threshold
-            for v in (getattr(event, name) for name in fields)
-        ):
-            return True
+        most = self.threshold // 4  # characters of at most 4 UTF-8 bytes each
+        for name in fields:
+            value = getattr(event, name)
+            if isinstance(value, str) and len(value) > most:
+                return True
         if isinstance(event, ModelResponded):
-            return any(len(c.args_json) * 4 > self.threshold for c in event.tool_calls)
+            return any(len(c.args_json) > most for c in event.tool_calls)
         return False
 
     def claim(self, event: Event) -> Event:

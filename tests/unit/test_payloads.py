@@ -73,3 +73,23 @@ def test_missing_or_altered_objects_are_named() -> None:
     del store.objects[claim.key]
     with pytest.raises(PayloadUnavailable, match=r"run r1, step 3, key sha256/"):
         check.restore(claimed)
+
+
+@pytest.mark.parametrize("length", [255, 256, 257, 1024, 1025, 4000])
+@pytest.mark.parametrize("char", ["x", "é", "€", "😀"])
+def test_large_says_yes_whenever_claim_would_store(length: int, char: str) -> None:
+    """``large`` is the cheap check that lets small events skip the object store:
+    it may say yes for an event ``claim`` keeps whole, never no for one it claims."""
+    check = ClaimCheck(InMemoryBlobStore(), threshold=1024)
+    for event in (
+        _returned(char * length),
+        ModelResponded(
+            run_id="r1",
+            seq=2,
+            step=1,
+            content=None,
+            tool_calls=(ToolCall(call_id="c", name="t", args_json=char * length),),
+        ),
+    ):
+        claimed = check.claim(event) is not event
+        assert check.large(event) or not claimed
