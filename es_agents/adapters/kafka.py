@@ -248,40 +248,14 @@ class KafkaProducerLink:
                 )
             )
 
-        while True:
-            try:
-                if partition is None:
-                    self._producer.produce(
-                        topic,
-                        value=value,
-                        key=key,
-                        headers=headers,
-                        on_delivery=delivered,
-                    )
-                else:
-                    self._producer.produce(
-                        topic,
-                        value=value,
-                        key=key,
-                        headers=headers,
-                        partition=partition,
-                        on_delivery=delivered,
-                    )
-            except BufferError:
-                # The local queue is full: wait for acknowledgements to drain it.
-                self._producer.poll(0.01)
-            except KafkaException as e:
-                raise AppendError(f"{topic} key {key}: cannot produce: {e}") from e
-            else:
-                return future
+        self._produce(topic, key, value, headers, partition, delivered)
+        return future
 
     def append_all(
         self,
         topic: str,
         partition: int,
-        records: Sequence[
-            tuple[str | None, bytes, list[tuple[str, str | bytes | None]]]
-        ],
+        records: Sequence[Record3],
     ) -> list[Position]:
         """Hand ``records`` (key, value, headers) to the producer for one partition
         and block until every one is acknowledged: one countdown for the batch, not
@@ -323,19 +297,30 @@ class KafkaProducerLink:
         key: str | None,
         value: bytes,
         headers: list[tuple[str, str | bytes | None]] | None,
-        partition: int,
+        partition: int | None,
         delivered: Callable[[KafkaError | None, Message], None],
     ) -> None:
+        """Hand one record to librdkafka (``partition`` None: the partitioner's
+        choice by key), waiting while its local queue is full."""
         while True:
             try:
-                self._producer.produce(
-                    topic,
-                    value=value,
-                    key=key,
-                    headers=headers,
-                    partition=partition,
-                    on_delivery=delivered,
-                )
+                if partition is None:
+                    self._producer.produce(
+                        topic,
+                        value=value,
+                        key=key,
+                        headers=headers,
+                        on_delivery=delivered,
+                    )
+                else:
+                    self._producer.produce(
+                        topic,
+                        value=value,
+                        key=key,
+                        headers=headers,
+                        partition=partition,
+                        on_delivery=delivered,
+                    )
             except BufferError:
                 # The local queue is full: wait for acknowledgements to drain it.
                 self._producer.poll(0.01)

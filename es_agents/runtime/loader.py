@@ -1,6 +1,6 @@
 """Loading a run to resume it: the latest snapshot plus at most K events.
 
-Two honest sources for the events after the snapshot (DESIGN.md): the projection's
+Two honest sources for the events after the snapshot: the projection's
 events, complete up to the projector's stored offset for the run's partition, and the
 partition itself beyond that offset. The projection port reads snapshot, events and
 offset together, so they agree. The tail beyond the projector's offset is read from
