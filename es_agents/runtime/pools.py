@@ -9,6 +9,7 @@ awaited on the loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -45,8 +46,9 @@ class Overdue(Exception):
 
 @final
 class Calls:
-    """Tool and model calls: synchronous ones at most ``limit`` at once per worker,
-    each on a daemon thread; every one waited for at most its timeout."""
+    """Tool and model calls, at most ``limit`` at once per worker: plain ones each
+    on a daemon thread, ``async`` ones on the loop; every one waited for at most
+    its timeout."""
 
     def __init__(self, limit: int = 64) -> None:
         self.limit = limit
@@ -65,13 +67,14 @@ class Calls:
             loop = asyncio.get_running_loop()
             answer: asyncio.Future[T] = loop.create_future()
 
-            def call() -> None:  # on the daemon thread
+            def call() -> None:  # on the daemon thread; must not raise
+                report: Callable[[], None]
                 try:
-                    result = fn()
+                    report = functools.partial(_settle, answer, fn())
                 except BaseException as e:
-                    loop.call_soon_threadsafe(_fail, answer, e)
-                else:
-                    loop.call_soon_threadsafe(_settle, answer, result)
+                    report = functools.partial(_fail, answer, e)
+                with contextlib.suppress(RuntimeError):  # the loop closed: gone
+                    loop.call_soon_threadsafe(report)
 
             self._threads.post(call)
             if timeout is None:
