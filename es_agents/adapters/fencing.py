@@ -24,7 +24,7 @@ from typing import Any, final
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from es_agents.adapters.kafka import _client
+from es_agents.adapters.kafka_producer import _client
 from es_agents.codec import AvroCodec
 from es_agents.core.chain import Sealed
 from es_agents.errors import AppendError, FencedError

@@ -16,7 +16,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
     ResourceType,
 )
 
-from es_agents.adapters.kafka import _client, _NotYetKnown
+from es_agents.adapters.kafka import _NotYetKnown
+from es_agents.adapters.kafka_producer import _client
 from es_agents.errors import ConfigError, Unavailable
 from es_agents.retry import retrying
 from es_agents.settings import KafkaSettings

@@ -26,7 +26,8 @@ from typing import Any, final
 
 from confluent_kafka import Consumer, TopicPartition
 
-from es_agents.adapters.kafka import KafkaEventLog, _client, where
+from es_agents.adapters.kafka import KafkaEventLog, where
+from es_agents.adapters.kafka_producer import _client
 from es_agents.core.chain import Sealed
 from es_agents.core.epochs import claim_headers, claimed, epoch_headers
 from es_agents.errors import AppendError, FencedError

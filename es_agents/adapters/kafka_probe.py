@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
-from es_agents.adapters.kafka import _client
+from es_agents.adapters.kafka_producer import _client
 from es_agents.errors import Unavailable
 from es_agents.settings import KafkaSettings
 

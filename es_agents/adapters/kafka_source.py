@@ -18,11 +18,11 @@ from confluent_kafka import (
 
 from es_agents.adapters.kafka import (
     _REBALANCING,
-    _client,
     consume_now,
     to_record,
     where,
 )
+from es_agents.adapters.kafka_producer import _client
 from es_agents.dead_letters import DeadLetterQueue
 from es_agents.errors import DecodeError, Unavailable
 from es_agents.ports import OnAssign, OnRevoke, Received
