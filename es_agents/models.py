@@ -5,15 +5,17 @@ OpenAI-compatible server) and ``es_agents.adapters.anthropic_model.AnthropicMode
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
-from typing import Protocol, final
+from types import ModuleType
+from typing import Protocol, TypeVar, final
 
 from pydantic import JsonValue
 
@@ -26,7 +28,7 @@ from es_agents.core.step import (
     request_hash,
 )
 from es_agents.core.transcript import canonical_bytes
-from es_agents.errors import ModelError, Unavailable
+from es_agents.errors import ModelError, RetryableToolError, Unavailable
 
 
 @dataclass(frozen=True)
@@ -166,3 +168,32 @@ def call(name: str, call_id: str, **args: JsonValue) -> Completion:
             ToolCall(call_id=call_id, name=name, args_json=canonical_json(args)),
         ),
     )
+
+
+R = TypeVar("R")
+
+
+@contextlib.contextmanager
+def sdk_errors(sdk: ModuleType, model_id: str) -> Iterator[None]:
+    """An official SDK's errors (``openai`` and ``anthropic`` name them alike) as the
+    runtime's: ``status_error`` for an HTTP status, ``Unavailable`` for a connection
+    or a timeout, ``RetryableToolError`` for a body that does not parse."""
+    try:
+        yield
+    except sdk.APIStatusError as e:
+        raise status_error(model_id, e.status_code, e.body, e.response) from e
+    except sdk.APIConnectionError as e:  # timeouts included
+        raise Unavailable(f"model {model_id}: {e}") from e
+    except (sdk.APIResponseValidationError, ValueError) as e:  # bad JSON too
+        raise RetryableToolError(f"unparsable model response: {e}") from e
+
+
+def parsed(
+    convert: Callable[[R, str], Completion], response: R, model_id: str
+) -> Completion:
+    """``convert(response, model_id)``; a response of the wrong shape is an answer
+    that does not parse (retried by the runtime's policy)."""
+    try:
+        return convert(response, model_id)
+    except (AttributeError, TypeError, KeyError, IndexError, ValueError) as e:
+        raise RetryableToolError(f"unparsable model response: {e!r}") from e

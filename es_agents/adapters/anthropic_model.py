@@ -18,8 +18,7 @@ from pydantic import JsonValue
 
 from es_agents.core.events import ToolCall, Usage
 from es_agents.core.step import Message, ToolSpec, canonical_json
-from es_agents.errors import RetryableToolError, Unavailable
-from es_agents.models import Completion, status_error
+from es_agents.models import Completion, parsed, sdk_errors
 
 if TYPE_CHECKING:
     from anthropic import Anthropic, AsyncAnthropic
@@ -192,23 +191,13 @@ class AnthropicModel:
 
     @contextlib.contextmanager
     def _translated(self) -> Iterator[None]:
-        """The SDK's errors as the runtime's."""
-        import anthropic  # noqa: PLC0415
+        import anthropic  # noqa: PLC0415 - the SDK loads only when used
 
-        try:
+        with sdk_errors(anthropic, self.model_id):
             yield
-        except anthropic.APIStatusError as e:
-            raise status_error(self.model_id, e.status_code, e.body, e.response) from e
-        except anthropic.APIConnectionError as e:  # timeouts included
-            raise Unavailable(f"model {self.model_id}: {e}") from e
-        except (anthropic.APIResponseValidationError, ValueError) as e:  # bad JSON too
-            raise RetryableToolError(f"unparsable model response: {e}") from e
 
     def _parse(self, response: AnthropicMessage) -> Completion:
-        try:
-            return from_anthropic(response, self.model_id)
-        except (AttributeError, TypeError, KeyError, IndexError, ValueError) as e:
-            raise RetryableToolError(f"unparsable model response: {e!r}") from e
+        return parsed(from_anthropic, response, self.model_id)
 
 
 def _object(args_json: str) -> dict[str, object]:

@@ -18,8 +18,8 @@ from pydantic import JsonValue
 
 from es_agents.core.events import ToolCall, Usage
 from es_agents.core.step import Message, ToolSpec
-from es_agents.errors import RetryableToolError, Unavailable
-from es_agents.models import Completion, status_error
+from es_agents.errors import RetryableToolError
+from es_agents.models import Completion, parsed, sdk_errors
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI, OpenAI
@@ -173,20 +173,10 @@ class OpenAIChatModel:
 
     @contextlib.contextmanager
     def _translated(self) -> Iterator[None]:
-        """The SDK's errors as the runtime's."""
-        import openai  # noqa: PLC0415
+        import openai  # noqa: PLC0415 - the SDK loads only when used
 
-        try:
+        with sdk_errors(openai, self.model_id):
             yield
-        except openai.APIStatusError as e:
-            raise status_error(self.model_id, e.status_code, e.body, e.response) from e
-        except openai.APIConnectionError as e:  # timeouts included
-            raise Unavailable(f"model {self.model_id}: {e}") from e
-        except (openai.APIResponseValidationError, ValueError) as e:  # bad JSON too
-            raise RetryableToolError(f"unparsable model response: {e}") from e
 
     def _parse(self, response: ChatCompletion) -> Completion:
-        try:
-            return from_openai(response, self.model_id)
-        except (AttributeError, TypeError, KeyError, IndexError, ValueError) as e:
-            raise RetryableToolError(f"unparsable model response: {e!r}") from e
+        return parsed(from_openai, response, self.model_id)
