@@ -45,7 +45,8 @@ def where(msg: Message) -> tuple[str, int, int]:
     return topic, partition, offset
 
 
-# Commit errors that mean "the group moved on": a rebalance, not a failure.
+# Commit errors that mean "the group moved on" (a rebalance, or this member leaving),
+# not a failure.
 _REBALANCING = frozenset(
     {
         KafkaError.ILLEGAL_GENERATION,
@@ -55,6 +56,9 @@ _REBALANCING = frozenset(
         KafkaError._ASSIGNMENT_LOST,
         KafkaError._STATE,
         KafkaError._NO_OFFSET,
+        # The consumer is closing (its revoke callback commits while it leaves):
+        # the partition's next owner reads those commands again, a no-op if applied.
+        KafkaError._DESTROY,
     }
 )
 
