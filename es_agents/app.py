@@ -179,8 +179,9 @@ def _kafka_ports(
     def topics() -> dict[str, int]:
         from es_agents.adapters.kafka_admin import ensure_topics
 
+        check_layout(db, kafka.topic_prefix, None, "kafka")
         counts = ensure_topics(kafka)
-        check_layout(db, kafka.topic_prefix, counts[kafka.events_topic])
+        check_layout(db, kafka.topic_prefix, counts[kafka.events_topic], "kafka")
         return counts
 
     side = _postgres_read_side(settings, db, log.decode_event)
@@ -226,7 +227,12 @@ def _postgres_ports(
         return PostgresPartitionWriter(log, group, partition, take_epoch())
 
     def topics() -> dict[str, int]:
-        return ensure_topics(db, kafka)
+        from es_agents.adapters.postgres import check_layout
+
+        check_layout(db, kafka.topic_prefix, None, "postgres")
+        counts = ensure_topics(db, kafka)
+        check_layout(db, kafka.topic_prefix, counts[kafka.events_topic], "postgres")
+        return counts
 
     side = _postgres_read_side(settings, db, log.decode_event)
     return Ports(
@@ -437,13 +443,13 @@ def build_client_ports(settings: Settings) -> Ports:
 
 
 def ensure_topics(settings: Settings, fix_retention: bool = False) -> dict[str, int]:
-    """Create and check the topics (and, on the Postgres store, the tables); on
-    Kafka, the partition count runs were placed with is recorded, or checked."""
+    """Create and check the topics (and, on the Postgres store, the tables); the
+    store and partition count runs were placed with are recorded, or checked."""
     if settings.store == "kafka":
         from es_agents.adapters.kafka_admin import ensure_topics as kafka_topics
         from es_agents.adapters.postgres import Database, check_layout
 
-        counts = kafka_topics(settings.kafka, fix_retention=fix_retention)
+        prefix = settings.kafka.topic_prefix
         db = Database(
             settings.database_url.get_secret_value(),
             max_size=1,
@@ -451,9 +457,9 @@ def ensure_topics(settings: Settings, fix_retention: bool = False) -> dict[str, 
         )
         try:
             db.migrate()
-            check_layout(
-                db, settings.kafka.topic_prefix, counts[settings.kafka.events_topic]
-            )
+            check_layout(db, prefix, None, "kafka")
+            counts = kafka_topics(settings.kafka, fix_retention=fix_retention)
+            check_layout(db, prefix, counts[settings.kafka.events_topic], "kafka")
         finally:
             db.close()
         return counts

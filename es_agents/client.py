@@ -310,6 +310,7 @@ class Client:
             return self.fork(
                 command.origin_run, command.at_seq, command.run_id, command.by, wait
             )
+        self._check_topics()
         state = self._applied_or_pending(command.run_id)
         if state is None:
             raise NotFound(f"unknown run {command.run_id}")

@@ -5,10 +5,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from es_agents.errors import ConfigError
+
+# A topic prefix belongs to one store (its runs, offsets and projections): the
+# Postgres store's default differs from Kafka's so that both run on one database.
+KAFKA_PREFIX = "es"
+POSTGRES_PREFIX = "es-pg"
 
 _PREFIX_CHARS = frozenset(
     "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
@@ -21,7 +33,11 @@ class KafkaSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ES_AGENTS_", extra="ignore")
 
     bootstrap_servers: str = "127.0.0.1:19092"
-    topic_prefix: str = "es"
+    topic_prefix: str = Field(
+        default=KAFKA_PREFIX,
+        description=f"Names the topics and owns their runs (default {KAFKA_PREFIX!r}; "
+        f"{POSTGRES_PREFIX!r} on the Postgres store)",
+    )
     partitions: int = Field(default=6, ge=1, le=10_000)
     replication_factor: int = Field(default=1, ge=1)
     min_insync_replicas: int = Field(
@@ -273,6 +289,18 @@ class Settings(BaseSettings):
         description="Append run_id/seq/event_id of every acknowledged event here "
         "(bench chaos checks it against the log)",
     )
+
+    @model_validator(mode="after")
+    def _store_default_prefix(self) -> Settings:
+        """The Postgres store's records live under ``es-pg`` unless a prefix is set:
+        a prefix is recorded with its store, and one database serves both stores
+        side by side with the defaults."""
+        if (
+            self.store == "postgres"
+            and "topic_prefix" not in self.kafka.model_fields_set
+        ):
+            self.kafka = self.kafka.model_copy(update={"topic_prefix": POSTGRES_PREFIX})
+        return self
 
     @property
     def master(self) -> bytes | None:

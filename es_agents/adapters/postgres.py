@@ -20,6 +20,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from es_agents.adapters.postgres_stalls import APPLICATION, StallReaper
 from es_agents.errors import ConfigError, Forbidden, Unavailable
 from es_agents.ports import Due, EffectRecord, EffectStatus
+from es_agents.settings import KAFKA_PREFIX, POSTGRES_PREFIX
 
 _MIGRATION = re.compile(r"^(?P<version>\d{4})_(?P<name>[a-z0-9_]+)\.sql$")
 
@@ -294,24 +295,40 @@ class PostgresTimers:
         return None if row is None else (row[0], row[1])
 
 
-def check_layout(db: Database, prefix: str, partitions: int) -> None:
-    """Record the partition count runs are placed with (the first time), and refuse
-    another: a run's partition is ``murmur2(run_id) mod count``. (Before the
+def check_layout(db: Database, prefix: str, partitions: int | None, store: str) -> None:
+    """Record the store and partition count a prefix's runs are placed with (the
+    first time), and refuse another: a run's partition is ``murmur2(run_id) mod
+    count``, and its records, offsets and projections are named by the prefix's
+    topics, which the other store has too. ``partitions=None``: check the store
+    only, recording nothing (before the topics are created). (Before the
     migrations ran there is nothing to check against.)"""
     with db.transaction() as conn:
         exists = conn.execute("SELECT to_regclass('topic_layout')").fetchone()
         if exists is None or exists[0] is None:
             return
-        conn.execute(
-            "INSERT INTO topic_layout (topic_prefix, partitions) VALUES (%s, %s) "
-            "ON CONFLICT (topic_prefix) DO NOTHING",
-            (prefix, partitions),
-        )
+        if partitions is not None:
+            conn.execute(
+                "INSERT INTO topic_layout (topic_prefix, partitions, store) "
+                "VALUES (%s, %s, %s) ON CONFLICT (topic_prefix) DO NOTHING",
+                (prefix, partitions, store),
+            )
         row = conn.execute(
-            "SELECT partitions FROM topic_layout WHERE topic_prefix = %s", (prefix,)
+            "SELECT partitions, store FROM topic_layout WHERE topic_prefix = %s",
+            (prefix,),
         ).fetchone()
-    recorded = int(row[0]) if row is not None else partitions
-    if recorded != partitions:
+    if row is None:
+        return
+    recorded, owner = int(row[0]), str(row[1])
+    if owner != store:
+        raise ConfigError(
+            f"topic prefix {prefix!r} in this database belongs to the {owner} store "
+            f"(its runs, offsets and projections), not to the {store} store this "
+            f"process uses: set ES_AGENTS_TOPIC_PREFIX to a prefix of the {store} "
+            f"store (its default is {default_prefix(store)!r}) or use another "
+            "database. Runs do not move between stores: the "
+            f"{owner} store's runs finish on the {owner} store."
+        )
+    if partitions is not None and recorded != partitions:
         raise ConfigError(
             f"the {prefix}.commands and {prefix}.events topics have {partitions} "
             f"partitions, but runs were placed on {recorded}: a run's partition is "
@@ -319,3 +336,7 @@ def check_layout(db: Database, prefix: str, partitions: int) -> None:
             "and events split. Go back to the recorded count, or start new runs "
             "under a new ES_AGENTS_TOPIC_PREFIX with the count you want."
         )
+
+
+def default_prefix(store: str) -> str:
+    return POSTGRES_PREFIX if store == "postgres" else KAFKA_PREFIX

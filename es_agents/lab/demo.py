@@ -218,7 +218,8 @@ def run_demo(echo: Callable[[str], None]) -> bool:
     ports = build_client_ports(settings)
     log = ports.log
     try:
-        with ticket_service(settings.database_url.get_secret_value()) as url:
+        port = int(os.environ.get("ES_AGENTS_DEMO_TICKETS_PORT", "18080"))
+        with ticket_service(settings.database_url.get_secret_value(), port) as url:
             env = {
                 "ES_AGENTS_MODEL_CALLS_LOG": str(calls_log),
                 "ES_AGENTS_TICKETS_URL": url,
