@@ -8,11 +8,13 @@ runtime receives the result as ``Ports`` and never names an adapter.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from es_agents.core.authorship import KEY_BYTES, Authenticator
 from es_agents.errors import ConfigError
 from es_agents.models import ModelClient
 from es_agents.observability import NoTelemetry, NoTracer, Telemetry, Tracer
@@ -105,9 +107,24 @@ def build_ports(
         ports = _kafka_ports(settings, restore, pool_size, db_timeout, member)
     if migrate:
         ports.migrate()
+    ports.log.auth = _writer_auth(settings, ports)
     ports.claims = claims
     ports.probe = build_probe(settings)
     return ports
+
+
+def _writer_auth(settings: Settings, ports: Ports) -> Authenticator | None:
+    """The writer key set in the settings, or the database's (made there by the
+    first process that may)."""
+    if settings.writer_key is None:
+        return ports.writer_keys()
+    try:
+        key = base64.b64decode(settings.writer_key.get_secret_value(), validate=True)
+    except ValueError as e:
+        raise ConfigError("ES_AGENTS_WRITER_KEY: not base64") from e
+    if len(key) < KEY_BYTES:
+        raise ConfigError(f"ES_AGENTS_WRITER_KEY: {len(key)} bytes, not {KEY_BYTES}")
+    return Authenticator({"set": key}, "set")
 
 
 def _database(
@@ -184,9 +201,12 @@ def _kafka_ports(
         check_layout(db, kafka.topic_prefix, counts[kafka.events_topic], "kafka")
         return counts
 
+    from es_agents.adapters.postgres_writer_keys import writer_keys
+
     side = _postgres_read_side(settings, db, log.decode_event)
     return Ports(
         store="kafka",
+        writer_keys=lambda: writer_keys(db),
         log=log,
         subscribe=subscribe,
         writer=writer,
@@ -234,9 +254,12 @@ def _postgres_ports(
         check_layout(db, kafka.topic_prefix, counts[kafka.events_topic], "postgres")
         return counts
 
+    from es_agents.adapters.postgres_writer_keys import writer_keys
+
     side = _postgres_read_side(settings, db, log.decode_event)
     return Ports(
         store="postgres",
+        writer_keys=lambda: writer_keys(db),
         log=log,
         subscribe=subscribe,
         writer=writer,
@@ -272,6 +295,7 @@ def _memory(settings: Settings) -> dict[str, Any]:
             "blobs": InMemoryBlobStore(),
             "keyring": MemoryKeyring(),
             "vault": MemoryVault(),
+            "auth": Authenticator({"memory": os.urandom(KEY_BYTES)}, "memory"),
         }
     return _MEMORY[prefix]
 
@@ -321,6 +345,7 @@ def _memory_ports(settings: Settings, restore: Any) -> Ports:
         book=shared["book"],
         keyring=shared["keyring"],
         vault=shared["vault"],
+        writer_keys=lambda: shared["auth"],
     )
 
 

@@ -145,12 +145,18 @@ def audit(
     started = time.perf_counter()
     runs: dict[str, RunAudit] = {}
     count = 0
+    left_out = getattr(log, "left_out_records", None)
+    seen_left_out = len(left_out) if left_out is not None else 0
+    authored = getattr(log, "authored", None)
     for partition in range(partitions):
         for record in log.read_partition(events_topic, partition):
             count += 1
             if progress is not None and count % 100_000 == 0:
                 progress(count, time.perf_counter() - started)
             if record.key is None or not record.key.startswith(run_prefix):
+                continue
+            if authored is not None and not authored((record.headers, record.value)):
+                log.left_out(record)  # type: ignore[attr-defined]
                 continue
             run = runs.get(record.key)
             if run is None:
@@ -161,14 +167,20 @@ def audit(
             try:
                 event = log.restore(log.decode_event(record.value))
             except EsAgentsError as e:
-                run.problems.append(f"{partition}@{record.offset}: undecodable: {e}")
-                run.broken = True
-                chain.undecodable(record.value)
+                # Not a link of the chain: the next event names the one before it.
+                run.problems.append(
+                    f"{partition}@{record.offset}: undecodable, left out: {e}"
+                )
                 continue
             broken = chain.add(event, record.value)
             if broken is not None:
                 run.problems.append(f"{partition}@{record.offset}: {broken}")
             _apply(run, event, prices)
+    # Records the reads left out as not written by a worker, reported by run.
+    for gone in list(left_out or [])[seen_left_out:]:
+        if gone.key is not None and gone.key.startswith(run_prefix):
+            run = runs.get(gone.key) or runs.setdefault(gone.key, RunAudit(gone.key))
+            run.problems.append(f"{gone.partition}@{gone.offset}: left out: {gone.why}")
     if since is not None:
         runs = {k: r for k, r in runs.items() if r.last_at and r.last_at >= since}
     _check_runs(runs, projections, ledger, run_prefix)

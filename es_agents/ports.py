@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Generic, Literal, Protocol, TypeVar
 
 from es_agents.approvals import Keyring, MemoryKeyring
+from es_agents.core.authorship import Authenticator
 from es_agents.core.chain import Sealed
 from es_agents.core.commands import Command, ForkRun, StartRun
 from es_agents.core.epochs import StartFloors
@@ -66,6 +67,9 @@ class EventLog(Protocol):
     """The append-only log: runs' events, commands, dead letters (topics of records
     keyed by run id; a run's records share one partition number)."""
 
+    # Signs what is appended and verifies what is read (None: neither).
+    auth: Authenticator | None
+
     @property
     def restore(self) -> Callable[[Event], Event]:
         """Reads claim-checked payloads back into an event (identity without)."""
@@ -80,6 +84,11 @@ class EventLog(Protocol):
     def append(self, events: Sequence[Event]) -> list[Position]:
         """Seal plain events (the hash chain, after the heads this log wrote) and
         append them: for tools and tests that write whole runs."""
+        ...
+
+    def seal(self, events: Sequence[Event], head: bytes) -> list[Sealed]:
+        """One run's events chained after ``head`` (the digest of its last event)
+        and signed with the writer key: ready for ``append_sealed``."""
         ...
 
     def append_sealed(self, records: Sequence[Sealed]) -> list[Position]:
@@ -463,6 +472,8 @@ class Ports:
     keyring: Keyring = field(default_factory=MemoryKeyring)  # approvers' keys
     vault: Vault = field(default_factory=MemoryVault)  # runs' data keys
     closers: list[Callable[[], None]] = field(default_factory=list)
+    # The writer keys (``core.authorship``), read after the migrations ran.
+    writer_keys: Callable[[], Authenticator | None] = lambda: None
 
     def close(self) -> None:
         self.log.close()

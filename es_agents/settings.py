@@ -284,6 +284,12 @@ class Settings(BaseSettings):
     master_key_file: str | None = Field(
         default=None, description="A file holding the master key (base64)"
     )
+    writer_key: SecretStr | None = Field(
+        default=None,
+        description="Base64 of 32 bytes: the key workers sign the events they append "
+        "with, and every reader verifies them with (default: kept in Postgres, "
+        "table writer_keys, made by the first worker)",
+    )
     ack_journal: Path | None = Field(
         default=None,
         description="Append run_id/seq/event_id of every acknowledged event here "

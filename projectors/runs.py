@@ -29,6 +29,7 @@ from psycopg.types.json import Jsonb
 
 from es_agents.adapters.postgres import Database
 from es_agents.adapters.postgres_projections import load_projected
+from es_agents.core.authorship import describe
 from es_agents.core.chain import digest
 from es_agents.core.epochs import EPOCH_HEADER, EpochFence
 from es_agents.core.events import (
@@ -120,6 +121,7 @@ class Projector:
         self._stop = threading.Event()
         self.projected = 0
         self.fenced_writes = 0  # events of fenced workers left out
+        self.forged_writes = 0  # records without a worker's MAC left out
         # Milliseconds from each event's creation to the commit that projected it.
         self.lags_ms: list[float] = []
         self.source = subscribe(
@@ -247,14 +249,24 @@ class Projector:
                 (self.group_id, self.topic, partition),
             ).fetchone()
             stored = row[0] if row is not None else 0
-            fence = EpochFence(row[1] if row is not None else None)
+            fence = EpochFence(row[1] if row is not None else None, self.log.auth)
             for msg in part:
                 offset = msg.offset
                 if offset < stored:
                     continue  # projected by an earlier transaction
-                ignored = fence.ignored
-                if fence.admits(msg.headers):
+                ignored, forged = fence.ignored, fence.forged
+                if fence.admits(msg.headers, msg.value):
                     self._project(conn, batch, msg, partition, offset)
+                elif fence.forged > forged:  # not written by a worker
+                    self.forged_writes += 1
+                    log.warning(
+                        "%s[%d]@%d: left out: %s (key %s): not written by a worker",
+                        self.topic,
+                        partition,
+                        offset,
+                        describe(msg.headers),
+                        msg.key,
+                    )
                 elif fence.ignored > ignored:  # a zombie's event, not a claim
                     self.fenced_writes += 1
                     log.warning(

@@ -6,6 +6,7 @@ A missing service fails the session; nothing is skipped.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
 import uuid
@@ -16,6 +17,33 @@ import pytest
 from es_agents.settings import KafkaSettings
 
 SESSION = uuid.uuid4().hex[:8]
+
+# The writer key (ES_AGENTS_WRITER_KEY) of this session: every worker, projector and
+# CLI command the tests start reads it from the environment, and logs the tests build
+# by hand sign what they append with it, as a worker would (``signing_logs``). Tests
+# of the default -- the key kept in Postgres -- remove it from their environment.
+WRITER_KEY = base64.b64encode(os.urandom(32)).decode()
+os.environ.setdefault("ES_AGENTS_WRITER_KEY", WRITER_KEY)
+
+
+@pytest.fixture(autouse=True)
+def signing_logs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Logs built by hand in tests (``KafkaEventLog(settings)``) sign their appends
+    with the session's writer key; the composition root sets it on the others."""
+    from es_agents.adapters.coded_log import CodedLog  # noqa: PLC0415
+    from es_agents.core.authorship import Authenticator  # noqa: PLC0415
+
+    key = os.environ.get("ES_AGENTS_WRITER_KEY")
+    if key is None:
+        return
+    auth = Authenticator({"set": base64.b64decode(key)}, "set")
+    init = CodedLog.__init__
+
+    def signing_init(self: CodedLog, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+        self.auth = auth
+
+    monkeypatch.setattr(CodedLog, "__init__", signing_init)
 
 
 @pytest.fixture(scope="session")

@@ -4,14 +4,32 @@ chain of ``es_agents.core.chain``) for appends of plain events."""
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from es_agents.codec import AvroCodec
-from es_agents.core.chain import Sealed, seal_runs
+from es_agents.core.authorship import Authenticator, describe
+from es_agents.core.chain import Sealed, seal, seal_runs
 from es_agents.core.commands import Command
 from es_agents.core.events import Event
-from es_agents.ports import Position
+from es_agents.errors import DecodeError
+from es_agents.ports import Position, Record
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LeftOut:
+    """A record a read left out, for audits."""
+
+    key: str | None
+    partition: int
+    offset: int
+    why: str
+
 
 _HEADS_KEPT = 100_000
 
@@ -28,6 +46,11 @@ class CodedLog:
         # tests that write whole runs); the runtime seals with the heads it loaded.
         self._heads: dict[str, bytes] = {}
         self._heads_lock = threading.Lock()
+        # The writer key (``core.authorship``): every event appended is signed and
+        # every event read verified with it; None: neither (a reader without it).
+        self.auth: Authenticator | None = None
+        self.forged_records = 0  # records read and left out: no valid writer MAC
+        self.left_out_records: deque[LeftOut] = deque(maxlen=10_000)
 
     @property
     def restore(self) -> Callable[[Event], Event]:
@@ -42,13 +65,67 @@ class CodedLog:
     def decode_command(self, data: bytes) -> Command:
         return self.codec.decode_command(data)
 
+    def seal(self, events: Sequence[Event], head: bytes) -> list[Sealed]:
+        """One run's events chained after ``head`` and signed: ready to append."""
+        return self.signed(seal(events, self.codec.encode, head))
+
+    def signed(self, records: Sequence[Sealed]) -> list[Sealed]:
+        """``records`` with the writer's MAC among their headers."""
+        auth = self.auth
+        if auth is None:
+            return list(records)
+        return [
+            Sealed(r.event, r.value, (auth.header(r.value), *r.headers))
+            for r in records
+        ]
+
+    def authored(
+        self, record: Sealed | tuple[Sequence[tuple[str, bytes]], bytes]
+    ) -> bool:
+        """Whether a record read back carries a valid writer MAC (always, when this
+        log has no key)."""
+        if self.auth is None:
+            return True
+        headers, value = (
+            (record.headers, record.value) if isinstance(record, Sealed) else record
+        )
+        return self.auth.verifies(headers, value)
+
+    def left_out(self, record: Record, why: str | None = None) -> None:
+        """Report a record a read left out: without a valid writer MAC (or, read
+        without the key, undecodable). It counts as nothing: no event of its run,
+        no link of its run's chain."""
+        why = why or f"{describe(record.headers)}: not written by a worker"
+        self.forged_records += 1
+        self.left_out_records.append(
+            LeftOut(record.key, record.partition, record.offset, why)
+        )
+        log.warning(
+            "%s[%d]@%d: left out (key %s): %s",
+            record.topic,
+            record.partition,
+            record.offset,
+            record.key,
+            why,
+        )
+
+    def undecodable(self, record: Record, error: DecodeError) -> None:
+        """A record that does not decode: an error when it is authenticated (the
+        log holds a worker's event this process cannot read: never skip it); left
+        out and reported when this process has no key to tell."""
+        if self.auth is not None:
+            raise DecodeError(
+                f"{record.topic}[{record.partition}]@{record.offset}: {error}"
+            ) from error
+        self.left_out(record, f"undecodable: {error}")
+
     def append(self, events: Sequence[Event]) -> list[Position]:
         """Seal plain events after the heads this log wrote, then append them."""
         with self._heads_lock:
             if len(self._heads) > _HEADS_KEPT:
                 self._heads.clear()
             sealed = seal_runs(events, self.codec.encode, self._heads)
-        return self.append_sealed(sealed)
+        return self.append_sealed(self.signed(sealed))
 
     def send(self, command: Command) -> Position:
         raise NotImplementedError

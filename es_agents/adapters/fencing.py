@@ -32,7 +32,7 @@ from es_agents.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
-_Request = tuple[list[tuple[str, bytes]], Future[None]]
+_Request = tuple[list[tuple[str, bytes, list[tuple[str, bytes]]]], Future[None]]
 
 
 @final
@@ -85,7 +85,9 @@ class PartitionWriter:
                 + ("fenced" if self._fenced else "closed: the partition was revoked")
             )
         future: Future[None] = Future()
-        self._queue.put(([(r.event.run_id, r.value) for r in records], future))
+        self._queue.put(
+            ([(r.event.run_id, r.value, list(r.headers)) for r in records], future)
+        )
         future.result()
 
     def _run(self) -> None:
@@ -110,7 +112,9 @@ class PartitionWriter:
                 else:
                     future.set_exception(error)
 
-    def _commit(self, records: list[tuple[str, bytes]]) -> Exception | None:
+    def _commit(
+        self, records: list[tuple[str, bytes, list[tuple[str, bytes]]]]
+    ) -> Exception | None:
         if self._fenced:
             return FencedError(f"{self.topic}[{self.partition}]: fenced")
         offsets: list[int] = []
@@ -121,8 +125,8 @@ class PartitionWriter:
 
         try:
             self._producer.begin_transaction()
-            for key, value in records:
-                self._produce(key, value, delivered)
+            for key, value, headers in records:
+                self._produce(key, value, headers, delivered)
             self._producer.commit_transaction(30)  # flushes: serves `delivered`
         except KafkaException as e:
             err: KafkaError = e.args[0]
@@ -145,7 +149,11 @@ class PartitionWriter:
         return None
 
     def _produce(
-        self, key: str, value: bytes, delivered: Callable[[Any, Any], None]
+        self,
+        key: str,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+        delivered: Callable[[Any, Any], None],
     ) -> None:
         while True:
             try:
@@ -153,6 +161,7 @@ class PartitionWriter:
                     self.topic,
                     key=key,
                     value=value,
+                    headers=list[tuple[str, str | bytes | None]](headers) or None,
                     partition=self.partition,
                     on_delivery=delivered,
                 )

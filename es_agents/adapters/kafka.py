@@ -228,7 +228,11 @@ class KafkaEventLog(CodedLog):
         try:
             for record in records:
                 if record.key == run_id:
-                    event = self._decode_at(record)
+                    try:
+                        event = self.codec.decode_event(record.value)
+                    except DecodeError as e:
+                        self.undecodable(record, e)
+                        continue
                     events.append(
                         Sealed(self._restore(event) if restore else event, record.value)
                     )
@@ -289,7 +293,11 @@ class KafkaEventLog(CodedLog):
         wanted = key.encode() if key is not None else None
         fence = None
         if topic == self.settings.events_topic:
-            fence = floors if isinstance(floors, EpochFence) else EpochFence(floors)
+            if isinstance(floors, EpochFence):
+                fence = floors
+                fence.auth = fence.auth or self.auth
+            else:
+                fence = EpochFence(floors, self.auth)
         with self._reader_lock:
             reader = self._reader_consumer()
             tp = TopicPartition(topic, partition)
@@ -312,8 +320,11 @@ class KafkaEventLog(CodedLog):
                         if wanted is not None and msg.key() not in (None, wanted):
                             continue  # another run's record
                         record = to_record(msg)
-                        if fence is None or fence.admits(record.headers):
+                        forged = fence.forged if fence is not None else 0
+                        if fence is None or fence.admits(record.headers, record.value):
                             yield record
+                        elif fence.forged > forged:
+                            self.left_out(record)
                         elif fence.ignored > self.fenced_writes.get(partition, 0):
                             self.fenced_writes[partition] = fence.ignored
                     now = time.monotonic()
@@ -340,14 +351,6 @@ class KafkaEventLog(CodedLog):
             conf["enable.partition.eof"] = True
             self._reader = Consumer(_client(conf))
         return self._reader
-
-    def _decode_at(self, record: Record) -> Event:
-        try:
-            return self.codec.decode_event(record.value)
-        except DecodeError as e:
-            raise DecodeError(
-                f"{record.topic}[{record.partition}]@{record.offset}: {e}"
-            ) from e
 
     def close(self) -> None:
         if self._reader is not None:

@@ -28,8 +28,9 @@ from confluent_kafka import Consumer, TopicPartition
 
 from es_agents.adapters.kafka import KafkaEventLog, where
 from es_agents.adapters.kafka_producer import _client
+from es_agents.core.authorship import Authenticator
 from es_agents.core.chain import Sealed
-from es_agents.core.epochs import claim_headers, claimed, epoch_headers
+from es_agents.core.epochs import CLAIM_HEADER, claim_headers, claimed, epoch_headers
 from es_agents.errors import AppendError, FencedError
 from es_agents.ports import Position
 from es_agents.settings import KafkaSettings
@@ -56,8 +57,11 @@ class PartitionTail:
         partition: int,
         start: int,
         epoch: int,
+        *,
+        auth: Authenticator | None = None,
     ) -> None:
         self.topic = settings.events_topic
+        self.auth = auth
         self.group = group
         self.partition = partition
         self.epoch = epoch
@@ -135,8 +139,13 @@ class PartitionTail:
                     continue
                 offset = where(msg)[2]
                 if msg.key() is None and fenced_at is None:
-                    group, epoch = claimed(_headers(msg)) or ("", 0)
-                    if group == self.group and epoch > self.epoch:
+                    headers = _headers(msg)
+                    group, epoch = claimed(headers) or ("", 0)
+                    if (
+                        group == self.group
+                        and epoch > self.epoch
+                        and self._authored(headers)
+                    ):
                         fenced_at, fenced_by = offset, epoch
                 position = max(position, offset + 1)
             if position > self.position:
@@ -147,6 +156,21 @@ class PartitionTail:
                 self.fenced_at, self.fenced_by = fenced_at, fenced_by
                 self._cond.notify_all()
             self._answer_waiters()
+
+    def _authored(self, headers: list[tuple[str, bytes]]) -> bool:
+        """A claim counts only with a worker's MAC (when authenticating): nobody
+        else can fence this writer out of its partition."""
+        if self.auth is None:
+            return True
+        stamp = next((v for k, v in headers if k == CLAIM_HEADER), b"")
+        if self.auth.verifies_claim(headers, stamp):
+            return True
+        log.warning(
+            "%s[%d]: a claim without a worker's MAC left out",
+            self.topic,
+            self.partition,
+        )
+        return False
 
     def when_past(self, offset: int, done: Callable[[Exception | None], None]) -> None:
         """``read_past`` without blocking: ``done(None)`` once every record up to
@@ -303,7 +327,13 @@ class EpochWriter:
         self._headers: list[tuple[str, str | bytes | None]] = list(
             epoch_headers(group, self.epoch)
         )
-        self._tail = PartitionTail(settings, group, partition, start, self.epoch)
+        auth = log_.auth
+        self._tail = PartitionTail(
+            settings, group, partition, start, self.epoch, auth=auth
+        )
+        claim_record = claim_headers(group, self.epoch)
+        if auth is not None:
+            claim_record.append(auth.claim_header(claim_record[0][1]))
         self._closed = False
         self.committed_end = 0
         try:
@@ -313,7 +343,7 @@ class EpochWriter:
                         self.topic,
                         None,
                         b"",
-                        list(claim_headers(group, self.epoch)),
+                        list[tuple[str, str | bytes | None]](claim_record),
                         partition=partition,
                     )
                 ]

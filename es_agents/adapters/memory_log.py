@@ -119,7 +119,9 @@ class MemoryEventLog(CodedLog):
     def append_fenced(
         self, records: Sequence[Sealed], fence: tuple[str, int, int] | None
     ) -> list[Position]:
-        rows = [(r.event.run_id, r.event.seq, r.value, ()) for r in records]
+        rows = [
+            (r.event.run_id, r.event.seq, r.value, tuple(r.headers)) for r in records
+        ]
         return self.broker.append(self.events_topic, rows, fence)
 
     def send(self, command: Command) -> Position:
@@ -154,7 +156,14 @@ class MemoryEventLog(CodedLog):
         partition = self.partition_for(run_id)
         for rec in self.read_partition(self.events_topic, partition, from_offset):
             if rec.key == run_id:
-                event = self.codec.decode_event(rec.value)
+                if not self.authored((rec.headers, rec.value)):
+                    self.left_out(rec)
+                    continue
+                try:
+                    event = self.codec.decode_event(rec.value)
+                except DecodeError as e:
+                    self.undecodable(rec, e)
+                    continue
                 events.append(
                     Sealed(self._restore(event) if restore else event, rec.value)
                 )
@@ -303,7 +312,11 @@ class MemorySource(Generic[T]):
                     self._dlq.send(rec, str(e))
                     self._skipped.append((p, rec.offset))
                     continue
-                out.append(Received(message, self.topic, p, rec.offset, rec.key))
+                out.append(
+                    Received(
+                        message, self.topic, p, rec.offset, rec.key, rec.headers
+                    )
+                )
         return out
 
     def caught_up(self) -> bool:

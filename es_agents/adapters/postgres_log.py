@@ -138,7 +138,7 @@ class PostgresEventLog(CodedLog):
         for r in records:
             e = r.event
             by_partition.setdefault(self.partition_for(e.run_id), []).append(
-                (e.run_id, e.seq, r.value, None)
+                (e.run_id, e.seq, r.value, _headers_json(r.headers))
             )
         topic = self.settings.events_topic
         positions: list[Position] = []
@@ -167,12 +167,7 @@ class PostgresEventLog(CodedLog):
         value: bytes,
         headers: Sequence[tuple[str, bytes]] = (),
     ) -> Position:
-        encoded = (
-            json.dumps({k: v.decode(errors="replace") for k, v in headers})
-            if headers
-            else None
-        )
-        return self._produce(topic, key, value, encoded)
+        return self._produce(topic, key, value, _headers_json(headers))
 
     def _produce(
         self, topic: str, key: str, value: bytes, headers: str | None
@@ -218,7 +213,8 @@ class PostgresEventLog(CodedLog):
         are visible at once here: ``at_least`` needs no wait)."""
         with self.db.transaction() as conn:
             rows = conn.execute(
-                'SELECT value, partition, "offset" FROM log_records WHERE topic = %s '
+                'SELECT value, partition, "offset", headers FROM log_records '
+                "WHERE topic = %s "
                 'AND key = %s AND "offset" >= %s AND seq IS NOT NULL '
                 'AND seq <= %s ORDER BY "offset"',
                 (
@@ -229,14 +225,19 @@ class PostgresEventLog(CodedLog):
                 ),
             ).fetchall()
         events = []
-        for value, partition, offset in rows:
+        for value, partition, offset, headers in rows:
             raw = bytes(value)
+            found = record(
+                self.settings.events_topic, partition, offset, run_id, raw, headers
+            )
+            if not self.authored((found.headers, raw)):
+                self.left_out(found)
+                continue
             try:
                 event = self.codec.decode_event(raw)
             except DecodeError as e:
-                raise DecodeError(
-                    f"{self.settings.events_topic}[{partition}]@{offset}: {e}"
-                ) from e
+                self.undecodable(found, e)
+                continue
             events.append(Sealed(self._restore(event) if restore else event, raw))
         return events
 
@@ -274,6 +275,13 @@ class PostgresEventLog(CodedLog):
 
     def close(self) -> None:
         pass  # the database pool is closed by its owner
+
+
+def _headers_json(headers: Sequence[tuple[str, bytes]]) -> str | None:
+    """Record headers as the ``headers`` column holds them (text values)."""
+    if not headers:
+        return None
+    return json.dumps({k: v.decode(errors="replace") for k, v in headers})
 
 
 def record(  # noqa: PLR0917 - one row's columns

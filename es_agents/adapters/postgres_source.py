@@ -236,7 +236,10 @@ class PostgresSource(Generic[T]):
                 self._dlq.send(rec, str(e))
                 self._skipped.append((partition, int(offset)))
                 continue
-            out.append(Received(message, self.topic, partition, int(offset), key))
+            pairs = record(self.topic, partition, offset, key, b"", headers).headers
+            out.append(
+                Received(message, self.topic, partition, int(offset), key, pairs)
+            )
         for p in parts:
             if counts.get(p, 0) < limit:
                 self._at_end.add(p)

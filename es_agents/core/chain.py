@@ -113,10 +113,6 @@ class ChainCheck:
         self.breaks += found is not None
         return found
 
-    def undecodable(self, value: bytes) -> None:
-        """A record that does not decode still links the chain by its bytes."""
-        self.head = digest(value)
-
 
 def verify(run_id: str, items: Iterable[tuple[Event, bytes]]) -> list[str]:
     """Every break of ``run_id``'s chain, reading ``(event, bytes)`` in log order."""

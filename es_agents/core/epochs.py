@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from es_agents.core.authorship import Authenticator
+
 CLAIM_HEADER = "es-claim"
 EPOCH_HEADER = "es-epoch"
 
@@ -72,25 +74,40 @@ class EpochFence:
 
     Each agent's workers are their own consumer group, so several groups write to
     one events partition at once: floors, claims and fencing are per group.
+
+    With an ``Authenticator``, a record without a valid writer MAC (``core.
+    authorship``) counts as nothing: a claim does not raise a floor, an event is
+    left out and counted in ``forged``.
     """
 
-    __slots__ = ("floors", "ignored")
+    __slots__ = ("auth", "floors", "forged", "ignored")
 
-    def __init__(self, floors: Floors | None = None) -> None:
+    def __init__(
+        self, floors: Floors | None = None, auth: Authenticator | None = None
+    ) -> None:
         self.floors: dict[str, int] = dict(floors or {})
         self.ignored = 0  # events refused so far (zombie writes)
+        self.forged = 0  # records refused so far (no valid writer MAC)
+        self.auth = auth
 
-    def admits(self, headers: Headers) -> bool:
+    def admits(self, headers: Headers, value: bytes = b"") -> bool:
         """Whether the record is an event that counts. A claim raises its group's
         floor and is not an event; an event below its group's floor is ignored and
-        counted."""
-        if not headers:
-            return True
-        headers = list(headers)
-        claim = claimed(headers)
-        if claim is not None:
-            group, epoch = claim
-            self.floors[group] = max(self.floors.get(group, 0), epoch)
+        counted; without a valid MAC (when authenticating) neither counts."""
+        headers = list(headers) if headers else []
+        auth = self.auth
+        raw_claim = _raw(headers, CLAIM_HEADER)
+        if raw_claim is not None:
+            claim = _parse(raw_claim)
+            if auth is not None and not auth.verifies_claim(headers, raw_claim):
+                self.forged += 1
+                return False
+            if claim is not None:
+                group, epoch = claim
+                self.floors[group] = max(self.floors.get(group, 0), epoch)
+            return False
+        if auth is not None and not auth.verifies(headers, value):
+            self.forged += 1
             return False
         stamp = written_in(headers)
         if stamp is None:
@@ -104,6 +121,13 @@ class EpochFence:
         # before where this reading started (a reading starting at a counted record).
         self.floors[group] = epoch
         return True
+
+
+def _raw(headers: Headers, name: str) -> bytes | None:
+    for key, value in headers:
+        if key == name:
+            return value
+    return None
 
 
 # The floors a read of an events partition starts from: a mapping (copied), or the

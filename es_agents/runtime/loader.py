@@ -12,6 +12,7 @@ whole log is folded.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -19,6 +20,8 @@ from es_agents.core.chain import GENESIS
 from es_agents.core.fold import fold
 from es_agents.core.state import RunState
 from es_agents.ports import EventLog, Projections
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,17 @@ class RunLoader:
         ):
             event = sealed.event
             if state is None or event.seq > state.seq:
+                if event.prev != head or event.run_id != run_id:
+                    # Not the next link of this run's chain: a copy of another
+                    # run's event or a record out of place. It counts as nothing.
+                    log.warning(
+                        "run %s: seq %d left out: it does not chain on the run's "
+                        "head %s",
+                        run_id,
+                        event.seq,
+                        head.hex()[:12] or "(genesis)",
+                    )
+                    continue
                 state = fold(
                     state if state is not None else RunState(run_id=run_id), event
                 )

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from es_agents import lifecycle
-from es_agents.core.chain import GENESIS, Sealed, seal
+from es_agents.core.chain import GENESIS, Sealed
 from es_agents.core.commands import (
     Approve,
     Command,
@@ -179,10 +179,10 @@ class RunLoop:
         """``events`` chained after the run's head and encoded once. An event the
         log would refuse ends the run before anything of the batch is appended;
         the events before it stay buffered for the failure record."""
-        sealed = seal(events, self.ctx.log.encode, self.head)
+        sealed = self.ctx.log.seal(events, self.head)
         trace = self.ctx.tracer.headers()  # the current span's, beside each event
         if trace:
-            sealed = [Sealed(s.event, s.value, trace) for s in sealed]
+            sealed = [Sealed(s.event, s.value, (*s.headers, *trace)) for s in sealed]
         limit = self.ctx.max_event_bytes
         for i, record in enumerate(sealed):
             if len(record.value) > limit:

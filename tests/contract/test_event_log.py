@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from es_agents.core.chain import GENESIS, Sealed, seal_runs, verify
+from es_agents.core.chain import GENESIS, Sealed, verify
 from es_agents.core.events import Event, RunStarted, StatePatched
 from es_agents.core.fold import replay
 from es_agents.errors import FencedError
@@ -88,7 +88,10 @@ def test_a_stale_owner_cannot_append(ports: Ports, settings: Settings) -> None:
     heads: dict[str, bytes] = {}
 
     def sealed(first: int, count: int) -> list[Sealed]:
-        return seal_runs(_run(run_id, first, count), ports.log.encode, heads)
+        """Chained and signed as a worker's writer appends them."""
+        out = ports.log.seal(_run(run_id, first, count), heads.get(run_id, GENESIS))
+        heads[run_id] = out[-1].digest
+        return out
 
     def take_epoch() -> int:
         return ports.projections.next_epoch(group, partition)

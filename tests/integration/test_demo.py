@@ -70,6 +70,8 @@ def test_both_demos_on_one_database_in_either_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("ES_AGENTS_TOPIC_PREFIX", raising=False)
+    # The default: the writer key kept in the database, made by the first worker.
+    monkeypatch.delenv("ES_AGENTS_WRITER_KEY", raising=False)
     first, second = order
     _demo(first, _env(first, kafka_settings, fresh_database))
     # What a user following the audit section does between the two.

@@ -1,0 +1,197 @@
+"""Attacks with partial access, on the real stack: what a write to the events topic
+(or, on the Postgres store, a row of its log) can make a run do. Each attack ran on
+the code before writer MACs and acted; each is refused now."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from es_agents.app import build_client_ports
+from es_agents.codec import AvroCodec
+from es_agents.core.chain import digest
+from es_agents.core.epochs import EPOCH_HEADER
+from es_agents.core.events import Resumed
+from es_agents.errors import DecodeError
+from es_agents.lab.demo import cli, run_worker, ticket_stats
+from es_agents.partitioner import partition_for
+from es_agents.ports import Ports, Record
+from es_agents.settings import load_settings
+from tests.integration.test_postgres_store import pg  # noqa: F401 - a fixture
+from tests.integration.test_tamper import _settings
+
+pytestmark = pytest.mark.integration
+
+CODEC = AvroCodec()
+GATED = "tests.agents:gated"
+
+
+def _records(ports: Ports, topic: str, run_id: str) -> list[Record]:
+    partition = ports.log.partition_for(run_id)
+    return [r for r in ports.log.read_partition(topic, partition) if r.key == run_id]
+
+
+def _write_raw(  # noqa: PLR0917 - where, whose, what
+    env: dict[str, str],
+    store: str,
+    ports: Ports,
+    run_id: str,
+    value: bytes,
+    headers: list[tuple[str, bytes]],
+) -> None:
+    """A record as an attacker with write access to the log writes it: a Kafka
+    producer to the topic, or an INSERT into the Postgres store's log."""
+    topic = f"{env['ES_AGENTS_TOPIC_PREFIX']}.events"
+    if store == "kafka":
+        ports.log.produce(topic, run_id, value, headers)
+        return
+    partition = partition_for(run_id, int(env["ES_AGENTS_PARTITIONS"]))
+    seq = None
+    with contextlib.suppress(DecodeError):  # garbage has no seq
+        seq = CODEC.decode_event(value).seq
+    with psycopg.connect(env["ES_AGENTS_DATABASE_URL"]) as conn:
+        row = conn.execute(
+            "UPDATE log_heads SET next_offset = next_offset + 1 WHERE topic = %s "
+            "AND partition = %s RETURNING next_offset - 1",
+            (topic, partition),
+        ).fetchone()
+        assert row is not None
+        conn.execute(
+            'INSERT INTO log_records (topic, partition, "offset", key, seq, value, '
+            "headers) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+            (
+                topic,
+                partition,
+                row[0],
+                run_id,
+                seq,
+                value,
+                json.dumps({k: v.decode() for k, v in headers}) or None,
+            ),
+        )
+
+
+def _env_for(
+    store: str, env: dict[str, str], request: pytest.FixtureRequest
+) -> dict[str, str]:
+    if store == "postgres":
+        pg_env: dict[str, str] = request.getfixturevalue("pg")[1]
+        return pg_env
+    return env
+
+
+def _paused_pair(env: dict[str, str], tag: str) -> tuple[str, str]:
+    """Two runs paused at the ticket's gate."""
+    runs = (f"trust-{tag}-a", f"trust-{tag}-b")
+    for run_id in runs:
+        started = cli(
+            env, "start", "research", "--run-id", run_id, "--input", "{}", "--no-wait"
+        )
+        assert started.returncode == 0, started.stderr[-2000:]
+    assert run_worker(env, agent=GATED).returncode == 0
+    return runs
+
+
+@pytest.mark.parametrize("store", ["kafka", "postgres"])
+def test_a_forged_approval_is_left_out(
+    store: str,
+    env: dict[str, str],
+    tickets_url: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> None:
+    """Write access to the log only: a ``resumed`` (approved) record with the right
+    chain hash and the owner's epoch stamp -- a genuine approval of another run
+    re-addressed. Before: after a worker restart the gated tool ran with no human
+    decision, and ``audit`` was clean. Now: left out by the worker, the projector
+    and replay; ``audit`` names it."""
+    env = _env_for(store, env, request)
+    genuine, victim = _paused_pair(env, uuid.uuid4().hex[:6])
+    approved = cli(env, "approve", genuine, "--by", "alice", "--no-wait")
+    assert approved.returncode == 0, approved.stderr[-2000:]
+    assert run_worker(env, agent=GATED).returncode == 0
+
+    ports = build_client_ports(load_settings(**_settings(env, store)))
+    try:
+        topic = f"{env['ES_AGENTS_TOPIC_PREFIX']}.events"
+        real = next(
+            CODEC.decode_event(r.value)
+            for r in _records(ports, topic, genuine)
+            if CODEC.decode_event(r.value).wire_name == "resumed"
+        )
+        assert isinstance(real, Resumed)
+        mine = _records(ports, topic, victim)
+        last = CODEC.decode_event(mine[-1].value)
+        forged = real.model_copy(
+            update={
+                "run_id": victim,
+                "seq": last.seq + 1,
+                "step": last.step,
+                "prev": digest(mine[-1].value),
+            }
+        )
+        stamp = [(k, v) for k, v in mine[-1].headers if k == EPOCH_HEADER]
+        _write_raw(env, store, ports, victim, CODEC.encode(forged), stamp)
+    finally:
+        ports.close()
+
+    assert run_worker(env, agent=GATED).returncode == 0
+    assert cli(env, "projector", "--until-caught-up").returncode == 0
+    assert ticket_stats(tickets_url, victim)["tickets"] == 0
+    assert ticket_stats(tickets_url, genuine)["tickets"] == 1
+    status = json.loads(cli(env, "status", victim, "-o", "json").stdout)
+    assert status["status"] == "paused", status
+
+    replayed = cli(env, "replay", victim, "--json")
+    summary = json.loads(replayed.stdout.splitlines()[-1])["summary"]
+    assert replayed.returncode == 0, summary  # the run as the workers wrote it
+
+    report = tmp_path / "audit.json"
+    audited = cli(
+        env, "audit", "--run-prefix", victim, "--report", str(report), "--no-bare"
+    )
+    assert audited.returncode == 1, audited.stdout[-2000:]
+    problems = json.loads(report.read_text())["problems"][victim]
+    assert any("not written by a worker" in p for p in problems), problems
+
+
+@pytest.mark.parametrize("store", ["kafka", "postgres"])
+def test_a_garbage_record_does_not_break_the_runs_trail(
+    store: str, env: dict[str, str], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A record keyed by the run that does not decode. Before: ``replay`` showed 0
+    events ("the log does not decode") and ``audit`` reported the next genuine event
+    as a broken chain. Now: left out and reported; the run goes on, replay shows its
+    events and the chain holds."""
+    env = _env_for(store, env, request)
+    run_id, _ = _paused_pair(env, uuid.uuid4().hex[:6])
+    ports = build_client_ports(load_settings(**_settings(env, store)))
+    try:
+        _write_raw(env, store, ports, run_id, b"\x00garbage, not avro", [])
+    finally:
+        ports.close()
+    approved = cli(env, "approve", run_id, "--by", "alice", "--no-wait")
+    assert approved.returncode == 0, approved.stderr[-2000:]
+    assert run_worker(env, agent=GATED).returncode == 0
+    assert cli(env, "projector", "--until-caught-up").returncode == 0
+
+    replayed = cli(env, "replay", run_id, "--json")
+    out = json.loads(replayed.stdout.splitlines()[-1])
+    assert replayed.returncode == 0, out["summary"]
+    assert out["summary"]["status"] == "completed", out["summary"]
+    assert out["summary"]["events"] > 5, out["summary"]
+
+    report = tmp_path / "audit.json"
+    audited = cli(
+        env, "audit", "--run-prefix", run_id, "--report", str(report), "--no-bare"
+    )
+    problems = json.loads(report.read_text())["problems"].get(run_id, [])
+    assert audited.returncode == 1, problems
+    assert len(problems) == 1, problems
+    assert "left out" in problems[0], problems
+    assert not any("hash chain broken" in p for p in problems), problems
