@@ -37,8 +37,8 @@ from es_agents.core.fold import fold
 from es_agents.core.state import RunState
 from es_agents.core.step import Refused, decide, start
 from es_agents.dead_letters import DeadLetter, read_dead_letters
-from es_agents.errors import NotFound, PayloadUnavailable
-from es_agents.ports import Ports, Position, ServedAgent, Verdict
+from es_agents.errors import EsAgentsError, NotFound, PayloadUnavailable
+from es_agents.ports import Decided, Ports, Position, ServedAgent, Verdict
 from es_agents.runtime.loader import RunLoader
 from es_agents.settings import Settings, load_settings
 from es_agents.vault import Cipher
@@ -129,6 +129,7 @@ class Client:
             ports = build_client_ports(self.settings)
         self._ports = ports
         self._log = ports.log
+        self._max_command_bytes = self.settings.kafka.max_event_bytes
         self._book = ports.book
         self._loader = RunLoader(
             ports.projections, ports.log, self.settings.kafka.events_topic
@@ -163,12 +164,32 @@ class Client:
         command = StartRun(
             run_id=run_id, agent=agent, input_json=self._seal(run_id, input_json)
         )
+        too_large = self._too_large(command)
+        if too_large is not None:
+            return CommandResult(command, "refused", too_large)
         exists = self._loader.load(run_id, restore=False).state is not None
         taken = self._book.reserve_start(command, exists)
         if taken is not None:
             return CommandResult(command, "refused", taken)
-        position = self._log.send(command)
+        try:
+            position = self._log.send(command)
+        except EsAgentsError as e:
+            # Not sent: the run id is free again (a start retried is not "pending").
+            self._book.decided([Decided(command, "refused", f"not sent: {e}")])
+            raise
         return self._await(command, agent, position, wait)
+
+    def _too_large(self, command: Command) -> str | None:
+        """Why a command is larger than the log takes (None: it fits)."""
+        size = len(self._log.encode(command))
+        if size <= self._max_command_bytes:
+            return None
+        return (
+            f"{command.wire_name} for run {command.run_id} is {size:,} bytes, over the "
+            f"{self._max_command_bytes:,}-byte limit of a command "
+            "(ES_AGENTS_MAX_EVENT_BYTES): pass a reference to the data (a URL, an "
+            "object key) as the input instead of the data itself"
+        )
 
     def fork(
         self,
@@ -272,7 +293,11 @@ class Client:
         self, run_id: str, by: str, input_json: str, wait: float = 10.0
     ) -> CommandResult:
         sealed = self._seal(run_id, input_json)
-        return self.send(ProvideInput(run_id=run_id, by=by, input_json=sealed), wait)
+        command = ProvideInput(run_id=run_id, by=by, input_json=sealed)
+        too_large = self._too_large(command)
+        if too_large is not None:
+            return CommandResult(command, "refused", too_large)
+        return self.send(command, wait)
 
     def _seal(self, run_id: str, text: str) -> str:
         return self._cipher.encrypt_text(run_id, text) if self._seals else text

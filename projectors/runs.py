@@ -259,14 +259,17 @@ class Projector:
                     self._project(conn, batch, msg, partition, offset)
                 elif fence.forged > forged:  # not written by a worker
                     self.forged_writes += 1
-                    log.warning(
-                        "%s[%d]@%d: left out: %s (key %s): not written by a worker",
-                        self.topic,
-                        partition,
-                        offset,
-                        describe(msg.headers),
-                        msg.key,
-                    )
+                    if self.forged_writes <= 10 or self.forged_writes % 1000 == 0:
+                        log.warning(
+                            "%s[%d]@%d: left out: %s (key %s): not written by a "
+                            "worker (%d so far)",
+                            self.topic,
+                            partition,
+                            offset,
+                            describe(msg.headers),
+                            msg.key,
+                            self.forged_writes,
+                        )
                 elif fence.ignored > ignored:  # a zombie's event, not a claim
                     self.fenced_writes += 1
                     log.warning(

@@ -21,6 +21,12 @@ from es_agents.ports import Position, Record
 log = logging.getLogger(__name__)
 
 
+def _worth_a_line(count: int) -> bool:
+    """The first ten, then every thousandth: a flood of forged records is reported
+    without flooding the log."""
+    return count <= 10 or count % 1000 == 0
+
+
 @dataclass(frozen=True, slots=True)
 class LeftOut:
     """A record a read left out, for audits."""
@@ -100,13 +106,16 @@ class CodedLog:
         self.left_out_records.append(
             LeftOut(record.key, record.partition, record.offset, why)
         )
+        if not _worth_a_line(self.forged_records):
+            return
         log.warning(
-            "%s[%d]@%d: left out (key %s): %s",
+            "%s[%d]@%d: left out (key %s): %s (%d so far)",
             record.topic,
             record.partition,
             record.offset,
             record.key,
             why,
+            self.forged_records,
         )
 
     def undecodable(self, record: Record, error: DecodeError) -> None:

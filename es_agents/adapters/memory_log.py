@@ -313,9 +313,7 @@ class MemorySource(Generic[T]):
                     self._skipped.append((p, rec.offset))
                     continue
                 out.append(
-                    Received(
-                        message, self.topic, p, rec.offset, rec.key, rec.headers
-                    )
+                    Received(message, self.topic, p, rec.offset, rec.key, rec.headers)
                 )
         return out
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
@@ -65,7 +66,7 @@ def _report(result: CommandResult, quiet_applied: bool = False) -> None:
     "input_json",
     default="{}",
     show_default=True,
-    help="The run's input as JSON.",
+    help="The run's input as JSON; @FILE reads it from a file, - from stdin.",
 )
 @click.option("--run-id", default=None, help="Default: a new UUID.")
 @wait_options
@@ -78,7 +79,7 @@ def start_run(
     no_wait: bool,
 ) -> None:
     """Start a run of AGENT; prints the run id, then what became of the start."""
-    _require_json(input_json, "--input")
+    input_json = _require_json(input_json, "--input")
     with client() as c:
         result = c.start(agent, input_json, run_id, wait=0 if no_wait else wait_seconds)
     if not machine() and result.status != "refused":
@@ -119,11 +120,23 @@ def fork(  # noqa: PLR0917 - click passes options positionally
     _report(result, quiet_applied=True)
 
 
-def _require_json(text: str, option: str) -> None:
+def _require_json(text: str, option: str) -> str:
+    """The JSON given, read from a file for ``@FILE`` and from stdin for ``-``
+    (an input larger than a command line)."""
+    if text == "-":
+        text = sys.stdin.read()
+    elif text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text(encoding="utf-8")
+        except OSError as e:
+            raise click.BadParameter(
+                f"cannot read {text[1:]}: {e}", param_hint=option
+            ) from e
     try:
         json.loads(text)
     except ValueError as e:
         raise click.BadParameter(f"not JSON: {e}", param_hint=option) from e
+    return text
 
 
 def _decide(command: Command, wait_seconds: float, no_wait: bool) -> None:
@@ -229,7 +242,12 @@ def reject(  # noqa: PLR0917 - click passes options positionally
 @cli.command("provide-input")
 @click.argument("run_id")
 @click.option("--by", required=True)
-@click.option("--input", "input_json", required=True, help="JSON.")
+@click.option(
+    "--input",
+    "input_json",
+    required=True,
+    help="JSON; @FILE reads it from a file, - from stdin.",
+)
 @wait_options
 @output_option
 def provide_input(
@@ -240,7 +258,7 @@ def provide_input(
     no_wait: bool,
 ) -> None:
     """Give RUN the input it waits for (or settle an uncertain effect's result)."""
-    _require_json(input_json, "--input")
+    input_json = _require_json(input_json, "--input")
     with client() as c:  # encrypted under the run's key when a master key is set
         result = c.provide_input(
             run_id, by, input_json, wait=0 if no_wait else wait_seconds

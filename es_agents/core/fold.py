@@ -311,3 +311,5 @@ def _(event: ApprovalRecorded, state: RunState) -> None:
 @_apply.register
 def _(event: DecisionRefused, state: RunState) -> None:
     _require_started(state, event)  # a record only: resent, it is judged again
+    if state.waiting is not None:
+        state.waiting.refusals += 1

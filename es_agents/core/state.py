@@ -49,6 +49,7 @@ class Waiting:
     since_seq: int
     gate: str | None = None
     approvals: list[str] = field(default_factory=list)  # towards a quorum
+    refusals: int = 0  # decisions refused at this pause (only the first are events)
 
 
 @dataclass(slots=True)

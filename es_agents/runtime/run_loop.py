@@ -73,6 +73,9 @@ from es_agents.vault import encrypted
 
 log = logging.getLogger(__name__)
 
+# Refused decisions recorded as events per pause; later ones only in the ledger.
+REFUSALS_LOGGED = 10
+
 STEP_TYPES = (CallModel, CallTool, CallTools, PatchState, Interrupt, Finish, Fail)
 
 
@@ -345,6 +348,14 @@ class RunLoop:
         judged = approvals.judge(state, command)
         if judged is None:
             return None
+        waiting = state.waiting
+        if judged.refused is not None and (
+            waiting is not None and waiting.refusals >= REFUSALS_LOGGED
+        ):
+            # Anyone who may send commands could grow the run's log without end:
+            # past the first refusals of a pause, the verdict is the record (the
+            # commands ledger keeps it), not an event.
+            raise Refused(judged.refused)
         for event_type, fields in judged.events:
             self.add(event_type, **fields)
         if judged.refused is not None:

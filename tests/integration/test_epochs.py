@@ -19,7 +19,7 @@ from es_agents.adapters.postgres import Database
 from es_agents.adapters.postgres_projections import PostgresProjections
 from es_agents.app import build_ports, build_projector
 from es_agents.audit import audit
-from es_agents.core.chain import Sealed, seal
+from es_agents.core.chain import Sealed
 from es_agents.core.epochs import EpochFence, epoch_headers
 from es_agents.core.events import Event, RunStarted, StatePatched
 from es_agents.dev import DevStack
@@ -64,7 +64,7 @@ def test_every_reader_leaves_a_zombies_write_out(
     head = b""
 
     def sealed(events: list[Event]) -> list[Sealed]:
-        return seal(events, log.encode, head)
+        return log.seal(events, head)
 
     try:
         zombie = EpochWriter(log, group, partition, take)
@@ -97,7 +97,7 @@ def test_every_reader_leaves_a_zombies_write_out(
                     kafka_settings.events_topic,
                     run_id,
                     late.value,
-                    list(epoch_headers(group, zombie.epoch)),
+                    [*epoch_headers(group, zombie.epoch), *late.headers],
                     partition=partition,
                 )
             ]
@@ -212,7 +212,7 @@ def test_a_reader_that_follows_a_partition_carries_its_fence(
     head = b""
 
     def sealed(events: list[Event]) -> list[Sealed]:
-        return seal(events, log.encode, head)
+        return log.seal(events, head)
 
     def keys(start: int, floors: EpochFence | None) -> tuple[list[str], int]:
         found, end = [], start
@@ -243,7 +243,7 @@ def test_a_reader_that_follows_a_partition_carries_its_fence(
                     topic,
                     run_id,
                     late.value,
-                    list(epoch_headers(group, zombie.epoch)),
+                    [*epoch_headers(group, zombie.epoch), *late.headers],
                     partition=partition,
                 )
             ]

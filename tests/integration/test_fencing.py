@@ -136,8 +136,10 @@ def test_the_older_writer_of_a_partition_is_refused(
     partition = partition_for(run_id, kafka_settings.partitions)
     heads: dict[str, bytes] = {}
 
+    signer = KafkaEventLog(kafka_settings)  # signs as a worker's log does
+
     def sealed(event: Event) -> list[Sealed]:
-        return seal_runs([event], codec.encode, heads)
+        return signer.signed(seal_runs([event], codec.encode, heads))
 
     def patch(seq: int, key: str) -> Event:
         return StatePatched(run_id=run_id, seq=seq, step=0, key=key, value_json="1")
@@ -163,10 +165,11 @@ def test_the_older_writer_of_a_partition_is_refused(
             old.append(sealed(patch(1, "zombie")))
         heads.update(counted)  # the zombie's event is not the chain's head
         new.append(sealed(patch(1, "owner")))
-        other.append(seal_runs([patch(0, "other")], codec.encode, {}))  # its own run
+        other.append(signer.signed(seal_runs([patch(0, "other")], codec.encode, {})))
         with pytest.raises(FencedError, match="fenced"):
             old.append(sealed(patch(2, "zombie-again")))
         end = new.committed_end
+    signer.close()
     log = KafkaEventLog(kafka_settings)
     try:
         events = log.read_run(run_id, at_least=end)
@@ -197,7 +200,7 @@ def test_a_writer_reads_its_own_appends_at_once(
     heads: dict[str, bytes] = {}
 
     def sealed(events: list[Event]) -> list[Sealed]:
-        return seal_runs(events, log.encode, heads)
+        return log.signed(seal_runs(events, log.encode, heads))
 
     with writers(kind, kafka_settings) as make:
         writer = make("ryw", partition)

@@ -388,7 +388,14 @@ def test_events_that_do_not_decode_or_fold_go_to_the_dlq_and_show_on_the_run(
                 "partitioner": "murmur2_random",
             }
         )
-        raw.produce(kafka_settings.events_topic, key=bad, value=b"\x00garbage")
+        # Signed as a worker's record (one unsigned is left out, not dead-lettered).
+        assert log.auth is not None
+        raw.produce(
+            kafka_settings.events_topic,
+            key=bad,
+            value=b"\x00garbage",
+            headers=[log.auth.header(b"\x00garbage")],
+        )
         assert raw.flush(10) == 0
         log.append([events[3]])  # seq 3 after seq 1: does not fold
         log.append(script_of(good, random.Random(4), patches=2))

@@ -195,3 +195,35 @@ def test_a_garbage_record_does_not_break_the_runs_trail(
     assert len(problems) == 1, problems
     assert "left out" in problems[0], problems
     assert not any("hash chain broken" in p for p in problems), problems
+
+
+def test_an_input_over_the_limit_is_refused_and_frees_its_run_id(
+    env: dict[str, str], tmp_path: Path
+) -> None:
+    """Before: a 2 MB input failed with the broker's message-too-large error, reported
+    as exit 4 "unavailable", and its run id stayed pending for good. Now: refused
+    before anything is sent, with its own message; the run id is free; inputs larger
+    than a command line come from a file or stdin."""
+    run_id = f"big-{uuid.uuid4().hex[:6]}"
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"blob": "x" * 2_000_000}))
+    refused = cli(env, "start", "research", "--run-id", run_id, "--input", f"@{big}")
+    assert refused.returncode == 1, refused.stderr[-2000:]
+    assert "over the 900,000-byte limit" in refused.stdout + refused.stderr
+    small = tmp_path / "small.json"
+    small.write_text('{"topic": "from a file"}')
+    started = cli(
+        env,
+        "start",
+        "research",
+        "--run-id",
+        run_id,
+        "--input",
+        f"@{small}",
+        "--no-wait",
+    )
+    assert started.returncode == 0, started.stdout + started.stderr
+    assert "queued" in started.stdout + started.stderr
+    missing = cli(env, "start", "research", "--input", f"@{tmp_path / 'nope.json'}")
+    assert missing.returncode == 2
+    assert "cannot read" in missing.stdout + missing.stderr

@@ -20,6 +20,7 @@ from es_agents.core.events import DecisionRefused, ToolCall
 from es_agents.core.state import RunState
 from es_agents.core.step import CallTool, Interrupt, args_hash
 from es_agents.models import ScriptedModel, call, reply
+from es_agents.runtime.run_loop import REFUSALS_LOGGED
 from es_agents.testing import AgentHarness
 from es_agents.tools import ToolContext, tool
 
@@ -160,6 +161,34 @@ def test_every_refused_decision_is_recorded_with_its_reason(
     assert state.status == "paused"
     assert state.waiting is not None
     assert state.waiting.approvals == []
+    assert WIRES == []
+
+
+def test_refusals_cannot_grow_the_log_without_end(
+    paused: tuple[AgentHarness, str, Keys],
+) -> None:
+    """Anyone who may send commands could grow a gated run's log by sending refused
+    decisions: the first ``REFUSALS_LOGGED`` of a pause are events, the rest are
+    refused as well, with the verdict in the commands ledger only."""
+    h, run_id, _ = paused
+    before = len(h.events(run_id))
+    flood = [
+        Approve(run_id=run_id, by=f"mallory{i}") for i in range(REFUSALS_LOGGED * 3)
+    ]
+    for command in flood:
+        h.ports.log.send(command)
+    h.run()
+    assert len(_refusals(h, run_id)) == REFUSALS_LOGGED
+    assert len(h.events(run_id)) == before + REFUSALS_LOGGED
+    for command in flood:
+        status, reason = _verdict(h, command)
+        assert status == "refused"
+        assert reason is not None
+        assert "requires a signed decision" in reason
+    state = h.state(run_id)
+    assert state.status == "paused"
+    assert state.waiting is not None
+    assert state.waiting.refusals == REFUSALS_LOGGED
     assert WIRES == []
 
 
