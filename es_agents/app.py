@@ -107,7 +107,10 @@ def build_ports(
         ports = _kafka_ports(settings, restore, pool_size, db_timeout, member)
     if migrate:
         ports.migrate()
-    ports.log.auth = _writer_auth(settings, ports)
+    auth = _writer_auth(settings, ports)
+    ports.log.auth = auth
+    if hasattr(ports.projections, "auth"):  # projections that can verify
+        ports.projections.auth = auth
     ports.claims = claims
     ports.probe = build_probe(settings)
     return ports

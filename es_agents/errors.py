@@ -97,3 +97,8 @@ class PayloadUnavailable(EsAgentsError):
     def __init__(self, message: str, run_id: str = "", step: int = 0, key: str = ""):
         super().__init__(message)
         self.run_id, self.step, self.key = run_id, step, key
+
+
+class ProjectionUntrusted(EsAgentsError):
+    """A run's projected events do not verify against the writer key or do not
+    chain: they are not resumed from (the log is read instead)."""

@@ -29,7 +29,13 @@ from psycopg.types.json import Jsonb
 
 from es_agents.adapters.postgres import Database
 from es_agents.adapters.postgres_projections import load_projected
-from es_agents.core.authorship import describe
+from es_agents.core.authorship import (
+    AUTH_HEADER,
+    Authenticator,
+    describe,
+    mac_of,
+    snapshot_bytes,
+)
 from es_agents.core.chain import digest
 from es_agents.core.epochs import EPOCH_HEADER, EpochFence
 from es_agents.core.events import (
@@ -49,7 +55,12 @@ from es_agents.core.snapshot import (
 from es_agents.core.state import RunState
 from es_agents.core.transcript import CHUNK
 from es_agents.dead_letters import DeadLetterQueue
-from es_agents.errors import DecodeError, FoldError, PayloadUnavailable
+from es_agents.errors import (
+    DecodeError,
+    FoldError,
+    PayloadUnavailable,
+    ProjectionUntrusted,
+)
 from es_agents.observability import NoTelemetry, Telemetry
 from es_agents.ports import EventLog, Probe, Received, Record, Subscribe
 from es_agents.settings import Settings
@@ -72,14 +83,24 @@ class Batch:
     waits: list[tuple[str, float]] = field(default_factory=list)  # agent, seconds
 
 
+def _auth_value(headers: Sequence[tuple[str, bytes]]) -> str | None:
+    """The record's writer MAC, as ``run_events.mac`` keeps it."""
+    for name, value in headers:
+        if name == AUTH_HEADER:
+            return value.decode()
+    return None
+
+
 def load_state(
     conn: psycopg.Connection[Any],
     decode: Callable[[bytes], Event],
     run_id: str,
     restore: Callable[[Event], Event] | None = None,
+    auth: Authenticator | None = None,
 ) -> RunState | None:
-    """A run's state from the projection alone: snapshot + projected events."""
-    return load_projected(conn, decode, run_id, restore)[0]
+    """A run's state from the projection alone: snapshot + projected events
+    (verified against the writer key, when given)."""
+    return load_projected(conn, decode, run_id, restore, auth=auth)[0]
 
 
 class Projector:
@@ -297,7 +318,11 @@ class Projector:
         except DecodeError as e:
             self._dead(batch, msg, f"undecodable event: {e}")
             return
-        state = self._state(conn, event.run_id)
+        try:
+            state = self._state(conn, event.run_id)
+        except ProjectionUntrusted as e:  # rows changed by someone without the key
+            self._dead(batch, msg, f"not projected: {e}")
+            return
         if state is not None and event.seq <= state.seq:
             return  # a duplicate of a projected event
         event = self._restore(event)
@@ -329,23 +354,26 @@ class Projector:
                 partition,
                 offset,
                 payload,
+                _auth_value(msg.headers),
             )
         )
-        batch.runs[event.run_id] = (state, partition, offset, digest(payload).hex())
+        head = digest(payload)
+        batch.runs[event.run_id] = (state, partition, offset, head.hex())
         snapshot = (event.seq + 1) % self.k == 0 or isinstance(event, SNAPSHOT_EVENTS)
         if snapshot and event.run_id not in self._incomplete:
-            self._snapshot(conn, batch, state, partition, offset)
+            self._snapshot(conn, batch, state, (partition, offset), head)
 
     def _snapshot(
         self,
         conn: psycopg.Connection[Any],
         batch: Batch,
         state: RunState,
-        partition: int,
-        offset: int,
+        at: tuple[int, int],  # partition, offset
+        head: bytes,
     ) -> None:
         """The state without its transcript, and the transcript's chunks from the
-        last one stored (rewritten while it fills up); older snapshots go."""
+        last one stored (rewritten while it fills up); older snapshots go. Signed
+        with the writer key: a worker resumes from it only if it verifies."""
         run_id = state.run_id
         stored = self._stored.get(run_id)
         if stored is None:
@@ -358,16 +386,13 @@ class Projector:
         for chunk, messages in transcript_chunks(state.transcript, stored):
             batch.chunks.append((run_id, chunk, Jsonb(messages)))
         self._stored[run_id] = len(state.transcript)
-        batch.snapshots.append(
-            (
-                run_id,
-                state.seq,
-                REDUCER_VERSION,
-                partition,
-                offset,
-                json.dumps(to_snapshot(state, inline=False)),
-            )
-        )
+        text = json.dumps(to_snapshot(state, inline=False))
+        auth = self.log.auth
+        mac = None
+        if auth is not None:  # over the state as the JSON column gives it back
+            signed = snapshot_bytes(run_id, state.seq, head, json.loads(text))
+            mac = mac_of(auth.header(signed))
+        batch.snapshots.append((run_id, state.seq, REDUCER_VERSION, *at, text, mac))
         batch.latest[run_id] = state.seq
 
     def _dead(self, batch: Batch, msg: Record, reason: str) -> None:
@@ -384,12 +409,13 @@ class Projector:
             self._cache.move_to_end(run_id)
             return state
         self._incomplete.discard(run_id)
+        auth = self.log.auth
         try:
-            return load_state(conn, self.log.decode_event, run_id, self.restore)
+            return load_state(conn, self.log.decode_event, run_id, self.restore, auth)
         except PayloadUnavailable as e:
             log.warning("run %s: projected without its payloads: %s", run_id, e)
             self._incomplete.add(run_id)
-            return load_state(conn, self.log.decode_event, run_id)
+            return load_state(conn, self.log.decode_event, run_id, auth=auth)
 
     def _restore(self, event: Event) -> Event:
         """The event with its claim-checked payloads; without them (and no more
@@ -411,7 +437,7 @@ class Projector:
     def _write(self, conn: psycopg.Connection[Any], batch: Batch) -> None:
         with conn.cursor() as cur:
             if batch.events:  # one statement for the batch: arrays, unnested
-                cur.execute(_INSERT_EVENTS, _columns(batch.events, 9))
+                cur.execute(_INSERT_EVENTS, _columns(batch.events, 10))
             if batch.chunks:
                 cur.executemany(
                     "INSERT INTO run_transcripts (run_id, chunk, messages) "
@@ -422,8 +448,8 @@ class Projector:
             if batch.snapshots:
                 cur.executemany(
                     "INSERT INTO run_snapshots (run_id, seq, reducer_version, "
-                    'partition, "offset", state) VALUES (%s, %s, %s, %s, %s, %s) '
-                    "ON CONFLICT DO NOTHING",
+                    'partition, "offset", state, mac) VALUES (%s, %s, %s, %s, %s, '
+                    "%s, %s) ON CONFLICT DO NOTHING",
                     batch.snapshots,
                 )
                 # Only the latest snapshot of a run is ever read (O(K) resume).
@@ -460,9 +486,9 @@ class Projector:
 # unnested (psycopg's executemany would send one statement per row).
 _INSERT_EVENTS = (
     "INSERT INTO run_events (run_id, seq, step, type, event_id, at, partition, "
-    '"offset", payload) SELECT * FROM unnest(%s::text[], %s::bigint[], '
+    '"offset", payload, mac) SELECT * FROM unnest(%s::text[], %s::bigint[], '
     "%s::integer[], %s::text[], %s::text[], %s::timestamptz[], %s::integer[], "
-    "%s::bigint[], %s::bytea[]) ON CONFLICT DO NOTHING"
+    "%s::bigint[], %s::bytea[], %s::text[]) ON CONFLICT DO NOTHING"
 )
 _COLUMNS = (*RUN_COLUMNS, "partition", "last_offset", "head")
 _TYPES = {  # the runs columns' types, for their arrays

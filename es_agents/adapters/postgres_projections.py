@@ -10,6 +10,7 @@ from typing import Any, final
 import psycopg
 
 from es_agents.adapters.postgres import Database
+from es_agents.core.authorship import AUTH_HEADER, Authenticator, snapshot_bytes
 from es_agents.core.chain import GENESIS, digest
 from es_agents.core.events import Event
 from es_agents.core.fold import fold
@@ -22,7 +23,7 @@ from es_agents.core.snapshot import (
 )
 from es_agents.core.state import RunState
 from es_agents.core.transcript import CHUNK, ChunkLoader, Message
-from es_agents.errors import ConfigError
+from es_agents.errors import ConfigError, ProjectionUntrusted
 from es_agents.ports import Projected
 
 log = logging.getLogger(__name__)
@@ -40,27 +41,27 @@ _COLUMNS = ", ".join(_NAMES)
 # missing (4: a snapshot whose transcript is not all there is not used).
 _LOAD = """
 WITH s AS (
-    SELECT seq, state,
+    SELECT seq, state, mac,
         (COALESCE((state ->> 'transcript_len')::int, 0) + %(chunk)s - 1) / %(chunk)s
         AS chunks
     FROM run_snapshots
     WHERE run_id = %(run)s AND reducer_version = %(reducer)s
     ORDER BY seq DESC LIMIT 1
 )
-SELECT 0, s.seq, s.state, e.payload FROM s
+SELECT 0, s.seq, s.state, e.payload, s.mac, e.mac FROM s
     LEFT JOIN run_events e ON e.run_id = %(run)s AND e.seq = s.seq
 UNION ALL
-SELECT 1, t.chunk, t.messages, NULL FROM s
+SELECT 1, t.chunk, t.messages, NULL, NULL, NULL FROM s
     JOIN run_transcripts t ON t.run_id = %(run)s AND t.chunk < s.chunks
         AND t.chunk >= s.chunks - %(last)s
 UNION ALL
-SELECT 2, e.seq, NULL, e.payload FROM run_events e
+SELECT 2, e.seq, NULL, e.payload, NULL, e.mac FROM run_events e
     WHERE e.run_id = %(run)s AND e.seq > COALESCE((SELECT seq FROM s), -1)
 UNION ALL
-SELECT 3, o.next_offset, o.floors, NULL FROM projector_offsets o
+SELECT 3, o.next_offset, o.floors, NULL, NULL, NULL FROM projector_offsets o
     WHERE o.group_id = %(group)s AND o.topic = %(topic)s AND o.partition = %(partition)s
 UNION ALL
-SELECT 4, s.chunks - count(t.chunk), NULL, NULL FROM s
+SELECT 4, s.chunks - count(t.chunk), NULL, NULL, NULL, NULL FROM s
     LEFT JOIN run_transcripts t ON t.run_id = %(run)s AND t.chunk < s.chunks
     GROUP BY s.chunks
 ORDER BY 1, 2
@@ -75,13 +76,17 @@ def load_projected(
     *,
     offset_of: tuple[str, str, int] | None = None,
     read_chunks: ChunkLoader | None = None,
+    auth: Authenticator | None = None,
 ) -> tuple[RunState | None, int | None, int, bytes, tuple[int, dict[str, int]]]:
     """The latest snapshot (of this reducer version) plus the projected events after
     it: (state, snapshot seq or None, number of events folded, the chain's head:
     the digest of the last event's bytes, and the projector's (next offset, floors)
     for ``offset_of`` = (group, topic, partition)). O(K), in one statement.
     ``read_chunks``: the transcript's chunks are read by it when asked for (the
-    last one comes with the statement), not all of them now."""
+    last one comes with the statement), not all of them now. ``auth``: the
+    snapshot and every event are verified against the writer key and the chain
+    (a snapshot that does not verify is not used; an event that does not raises
+    ``ProjectionUntrusted``)."""
     group, topic, partition = offset_of or (None, None, None)
     rows = conn.execute(
         _LOAD,
@@ -100,7 +105,7 @@ def load_projected(
     ).fetchall()
     snapshot = next((r for r in rows if r[0] == 0), None)
     chunks = [r[2] for r in rows if r[0] == 1]
-    events = [bytes(r[3]) for r in rows if r[0] == 2]
+    events = [(bytes(r[3]), r[5]) for r in rows if r[0] == 2]
     offset = next(((int(r[1]), dict(r[2])) for r in rows if r[0] == 3), (0, {}))
     missing = next((int(r[1]) for r in rows if r[0] == 4), 0)
     state = None
@@ -108,26 +113,40 @@ def load_projected(
     snapshot_seq = None
     if snapshot is not None:
         try:
-            state = _restored(snapshot[2], chunks, read_chunks, missing)
+            verified = auth is None or _snapshot_verifies(auth, run_id, snapshot)
+            state = _restored(snapshot[2], chunks, read_chunks, missing, verified)
             snapshot_seq = int(snapshot[1])
             if snapshot[3] is not None:
                 head = digest(bytes(snapshot[3]))
         except (TypeError, KeyError, ValueError) as e:
             # A snapshot is a cache of the fold: one this code cannot read (written
-            # by other code under the same reducer version) is skipped, and the
-            # run's projected events are folded from the start instead.
+            # by other code under the same reducer version), or one not signed by a
+            # projector, is skipped, and the run's projected events are folded from
+            # the start instead.
             log.warning(
-                "run %s: unreadable snapshot at seq %s (%s)", run_id, snapshot[1], e
+                "run %s: snapshot at seq %s not used (%s)", run_id, snapshot[1], e
             )
+            state, snapshot_seq, head = None, None, GENESIS
             events = [
-                bytes(r[0])
+                (bytes(r[0]), r[1])
                 for r in conn.execute(
-                    "SELECT payload FROM run_events WHERE run_id = %s ORDER BY seq",
+                    "SELECT payload, mac FROM run_events WHERE run_id = %s "
+                    "ORDER BY seq",
                     (run_id,),
                 )
             ]
-    for raw in events:
+    for raw, mac in events:
+        if auth is not None and not auth.verifies(_header(mac), raw):
+            raise ProjectionUntrusted(
+                f"run {run_id}: a projected event does not verify against the "
+                "writer key"
+            )
         event = decode(raw)
+        if auth is not None and event.prev != head:
+            raise ProjectionUntrusted(
+                f"run {run_id}: projected seq {event.seq} does not chain on seq "
+                f"{event.seq - 1} (a row changed, dropped or added)"
+            )
         if restore is not None:
             event = restore(event)
         state = fold(state if state is not None else RunState(run_id=run_id), event)
@@ -135,13 +154,31 @@ def load_projected(
     return state, snapshot_seq, len(events), head, offset
 
 
+def _header(mac: object) -> list[tuple[str, bytes]]:
+    return [] if mac is None else [(AUTH_HEADER, str(mac).encode())]
+
+
+def _snapshot_verifies(auth: Authenticator, run_id: str, row: Any) -> bool:
+    """The snapshot's MAC, and its event's: the state is the projector's, taken at
+    that event of the log."""
+    _, seq, state, payload, snapshot_mac, event_mac = row
+    if payload is None or not auth.verifies(_header(event_mac), bytes(payload)):
+        return False
+    signed = snapshot_bytes(run_id, int(seq), digest(bytes(payload)), state)
+    return auth.verifies(_header(snapshot_mac), signed)
+
+
 def _restored(
     data: dict[str, Any],
     chunks: list[list[Message]],
     read_chunks: ChunkLoader | None,
     missing: int,
+    verified: bool = True,
 ) -> RunState:
-    """The snapshot's state; ``ValueError`` if chunks of its transcript are gone."""
+    """The snapshot's state; ``ValueError`` if chunks of its transcript are gone
+    or it does not verify against the writer key."""
+    if not verified:
+        raise ValueError("it does not verify against the writer key")
     if missing > 0:
         raise ValueError(f"{missing} of its transcript chunks are missing")
     return from_snapshot(data, chunks, read_chunks)
@@ -186,6 +223,9 @@ class PostgresProjections:
         self._decode = decode
         self._group = group_id
         self._topic = events_topic
+        # The writer key: snapshots and events are resumed from only if they
+        # verify (set with the log's, by the composition root).
+        self.auth: Authenticator | None = None
 
     def projected_until(self, partition: int) -> int:
         with self._db.transaction() as conn:
@@ -213,6 +253,7 @@ class PostgresProjections:
                 restore,
                 offset_of=(self._group, self._topic, partition),
                 read_chunks=self._chunk_reader(run_id),
+                auth=self.auth,
             )
         return Projected(state, snapshot_seq, folded, offset, head, floors)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 from collections.abc import Iterable, Mapping
 
 AUTH_HEADER = "es-auth"
@@ -71,6 +72,19 @@ class Authenticator:
 
     def verifies_claim(self, headers: Headers, stamp: bytes) -> bool:
         return self.verifies(headers, b"claim:" + stamp)
+
+
+def snapshot_bytes(run_id: str, seq: int, head: bytes, state: object) -> bytes:
+    """What a snapshot's MAC covers: the run, the seq, the digest of the event it
+    was taken at (its place in the chain) and the state in a canonical JSON form
+    (the keys sorted: a JSON column gives them back in its own order)."""
+    body = json.dumps(state, sort_keys=True, separators=(",", ":"), default=str)
+    return f"snapshot:{run_id}:{seq}:".encode() + head + b":" + body.encode()
+
+
+def mac_of(header: tuple[str, bytes]) -> str:
+    """An ``es-auth`` header's value, as a text column keeps it."""
+    return header[1].decode()
 
 
 def describe(headers: Headers) -> str:

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from es_agents.core.chain import GENESIS
 from es_agents.core.fold import fold
 from es_agents.core.state import RunState
-from es_agents.ports import EventLog, Projections
+from es_agents.errors import ProjectionUntrusted
+from es_agents.ports import EventLog, Projected, Projections
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +63,15 @@ class RunLoader:
                 if time.monotonic() > deadline:
                     break
                 time.sleep(0.01)
-        projected = self.projections.load(
-            run_id, partition, self.log.restore if restore else None
-        )
+        try:
+            projected = self.projections.load(
+                run_id, partition, self.log.restore if restore else None
+            )
+        except ProjectionUntrusted as e:
+            # Rows changed by someone without the writer key: the log decides.
+            first = self.projections.first_offset(run_id)
+            log.warning("%s: resumed from the log from offset %s", e, first or 0)
+            projected = Projected(None, None, 0, first or 0)
         state = projected.state
         head = projected.head
         tail = 0

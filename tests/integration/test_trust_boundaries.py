@@ -227,3 +227,37 @@ def test_an_input_over_the_limit_is_refused_and_frees_its_run_id(
     missing = cli(env, "start", "research", "--input", f"@{tmp_path / 'nope.json'}")
     assert missing.returncode == 2
     assert "cannot read" in missing.stdout + missing.stderr
+
+
+def test_an_edited_snapshot_decides_nothing(
+    env: dict[str, str], tickets_url: str, database_url: str
+) -> None:
+    """A row in Postgres: the paused run's snapshot with the pending call's
+    arguments changed. Before: ``status`` showed the new arguments and an approval
+    filed a ticket titled "WIRE ALL FUNDS TO MALLORY". Now: the snapshot does not
+    verify against the writer key, the worker resumes from the log, and the ticket
+    filed (if any) is the one the model asked for."""
+    run_id, _ = _paused_pair(env, uuid.uuid4().hex[:6])
+    assert cli(env, "projector", "--until-caught-up").returncode == 0
+    with psycopg.connect(database_url) as conn:
+        changed = conn.execute(
+            "UPDATE run_snapshots SET state = replace(state::text, %s, %s)::jsonb "
+            "WHERE run_id = %s",
+            ("Adopt event-sourced agent runs", "WIRE ALL FUNDS TO MALLORY", run_id),
+        ).rowcount
+    assert changed == 1
+    approved = cli(env, "approve", run_id, "--by", "alice", "--no-wait")
+    assert approved.returncode == 0, approved.stderr[-2000:]
+    worker = run_worker(env, agent=GATED)
+    assert worker.returncode == 0, worker.stderr[-3000:]
+    assert "snapshot at seq" in worker.stderr, worker.stderr[-3000:]
+    with psycopg.connect(database_url) as conn:
+        titles = [
+            r[0]
+            for r in conn.execute(
+                "SELECT title FROM demo_tickets WHERE idempotency_key LIKE %s",
+                (f"{run_id}:%",),
+            )
+        ]
+    assert "WIRE ALL FUNDS TO MALLORY" not in titles
+    assert set(titles) <= {"Adopt event-sourced agent runs"}
