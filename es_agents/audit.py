@@ -12,6 +12,7 @@ start would have paid for them once more.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping
@@ -30,6 +31,7 @@ from es_agents.core.events import (
 )
 from es_agents.core.fold import fold
 from es_agents.core.run_row import run_row
+from es_agents.core.snapshot import to_snapshot
 from es_agents.core.state import PendingModelCall, PendingToolCall, RunState
 from es_agents.errors import EsAgentsError
 from es_agents.ports import EffectLedger, EventLog, Projections
@@ -58,6 +60,7 @@ class RunAudit:
     last_at: datetime | None = None
     broken: bool = False  # a gap or conflict: the fold stops here
     chain: ChainCheck | None = None
+    unprojected: list[int] = field(default_factory=list)  # seqs without a row
 
 
 @dataclass
@@ -145,6 +148,10 @@ def audit(
     started = time.perf_counter()
     runs: dict[str, RunAudit] = {}
     count = 0
+    # The projection as it is before the log is read: a row the projector writes
+    # meanwhile is newer than the log as read, and is not compared.
+    snapshots = projections.snapshot_states(run_prefix)
+    digests = projections.event_digests(run_prefix)
     left_out = getattr(log, "left_out_records", None)
     seen_left_out = len(left_out) if left_out is not None else 0
     authored = getattr(log, "authored", None)
@@ -176,16 +183,59 @@ def audit(
             if broken is not None:
                 run.problems.append(f"{partition}@{record.offset}: {broken}")
             _apply(run, event, prices)
+            _check_projected(run, event, chain.head, digests, snapshots)
     # Records the reads left out as not written by a worker, reported by run.
     for gone in list(left_out or [])[seen_left_out:]:
         if gone.key is not None and gone.key.startswith(run_prefix):
             run = runs.get(gone.key) or runs.setdefault(gone.key, RunAudit(gone.key))
             run.problems.append(f"{gone.partition}@{gone.offset}: left out: {gone.why}")
+    _check_rows_left(runs, digests)
     if since is not None:
         runs = {k: r for k, r in runs.items() if r.last_at and r.last_at >= since}
     _check_runs(runs, projections, ledger, run_prefix)
     fenced: Mapping[int, int] = getattr(log, "fenced_writes", {})
     return AuditReport(runs, count, time.perf_counter() - started, sum(fenced.values()))
+
+
+def _check_projected(
+    run: RunAudit,
+    event: Event,
+    digest_of_event: bytes,
+    digests: dict[str, dict[int, bytes]],
+    snapshots: Mapping[str, tuple[int, object]],
+) -> None:
+    """The event's ``run_events`` row holds its bytes, and the run's latest
+    snapshot, when taken at this event, is the fold of the log up to it."""
+    row = digests.get(run.run_id, {}).pop(event.seq, None)
+    if row is None:
+        run.unprojected.append(event.seq)  # a deleted row, if the projector passed it
+    elif row != digest_of_event:
+        run.problems.append(
+            f"run_events seq {event.seq}: the row's bytes are not the log's "
+            "(changed in Postgres)"
+        )
+    snapshot = snapshots.get(run.run_id)
+    if snapshot is not None and snapshot[0] == event.seq and run.state is not None:
+        folded = json.loads(
+            json.dumps(to_snapshot(run.state, inline=False), default=str)
+        )
+        found = first_difference(
+            f"run_snapshots@{event.seq}", snapshot[1], folded, projection_first=True
+        )
+        if found is not None:
+            run.problems.append(found)
+
+
+def _check_rows_left(
+    runs: dict[str, RunAudit], digests: dict[str, dict[int, bytes]]
+) -> None:
+    """Rows of ``run_events`` with no event of that seq in the log (added), and
+    events the projector passed with no row (deleted)."""
+    for run in runs.values():
+        for seq in sorted(digests.get(run.run_id, {})):
+            run.problems.append(
+                f"run_events seq {seq}: a row with no such event in the log (added)"
+            )
 
 
 def _apply(run: RunAudit, event: Event, prices: Mapping[str, ModelPrice]) -> None:
@@ -275,6 +325,12 @@ def _check_runs(
         if row is None:
             continue  # not projected (yet)
         seq = int(str(row["last_seq"]))
+        deleted = [n for n in run.unprojected if n <= seq]
+        if deleted:
+            run.problems.append(
+                f"run_events: no row for seq {', '.join(map(str, deleted[:10]))} "
+                "though the projector passed it (deleted in Postgres)"
+            )
         if seq == state.seq:
             columns = dict(row)
             head = run.chain.head if run.chain else b""

@@ -424,6 +424,16 @@ class Projections(Protocol):
         origin's log from there rather than from the partition's start)."""
         ...
 
+    def event_digests(self, run_prefix: str = "") -> dict[str, dict[int, bytes]]:
+        """SHA-256 of each projected event's bytes (run id -> seq -> digest), for
+        audits: a row changed, deleted or added shows against the log."""
+        ...
+
+    def snapshot_states(self, run_prefix: str = "") -> dict[str, tuple[int, object]]:
+        """Each run's latest snapshot (seq, state as stored, without its transcript
+        inline), for audits."""
+        ...
+
 
 class Probe(Protocol):
     """Crash points and the acknowledgement journal (tests, chaos); no-op by default."""

@@ -279,3 +279,9 @@ class MemoryProjections:
 
     def first_offset(self, run_id: str) -> int | None:
         return None
+
+    def event_digests(self, run_prefix: str = "") -> dict[str, dict[int, bytes]]:
+        return {}
+
+    def snapshot_states(self, run_prefix: str = "") -> dict[str, tuple[int, object]]:
+        return {}

@@ -342,6 +342,29 @@ class PostgresProjections:
             ).fetchall()
         return {str(r[0]): dict(zip(_NAMES, r, strict=True)) for r in rows}
 
+    def event_digests(self, run_prefix: str = "") -> dict[str, dict[int, bytes]]:
+        out: dict[str, dict[int, bytes]] = {}
+        with self._db.transaction() as conn:
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cursor = conn.execute(
+                "SELECT run_id, seq, sha256(payload) FROM run_events "
+                "WHERE starts_with(run_id, %s)",
+                (run_prefix,),
+            )
+            for run_id, seq, sha in cursor:
+                out.setdefault(str(run_id), {})[int(seq)] = bytes(sha)
+        return out
+
+    def snapshot_states(self, run_prefix: str = "") -> dict[str, tuple[int, object]]:
+        with self._db.transaction() as conn:
+            rows = conn.execute(
+                "SELECT DISTINCT ON (run_id) run_id, seq, state FROM run_snapshots "
+                "WHERE starts_with(run_id, %s) AND reducer_version = %s "
+                "ORDER BY run_id, seq DESC",
+                (run_prefix, REDUCER_VERSION),
+            ).fetchall()
+        return {str(r[0]): (int(r[1]), r[2]) for r in rows}
+
     def first_offset(self, run_id: str) -> int | None:
         with self._db.transaction() as conn:
             row = conn.execute(

@@ -261,3 +261,34 @@ def test_an_edited_snapshot_decides_nothing(
         ]
     assert "WIRE ALL FUNDS TO MALLORY" not in titles
     assert set(titles) <= {"Adopt event-sourced agent runs"}
+
+
+def test_audit_checks_the_projection_against_the_log(
+    env: dict[str, str], database_url: str, tmp_path: Path
+) -> None:
+    """Before: deleting or changing rows of ``run_events`` was noticed by nothing,
+    and an edited snapshot left ``audit`` clean. Now each is reported."""
+    run_id, _ = _paused_pair(env, uuid.uuid4().hex[:6])
+    assert cli(env, "projector", "--until-caught-up").returncode == 0
+    report = tmp_path / "audit.json"
+    args = ("audit", "--run-prefix", run_id, "--report", str(report), "--no-bare")
+    clean = cli(env, *args)
+    assert clean.returncode == 0, json.loads(report.read_text())["problems"]
+    with psycopg.connect(database_url) as conn:
+        conn.execute(
+            "UPDATE run_snapshots SET state = replace(state::text, %s, %s)::jsonb "
+            "WHERE run_id = %s",
+            ("Adopt event-sourced agent runs", "WIRE ALL FUNDS TO MALLORY", run_id),
+        )
+        conn.execute("DELETE FROM run_events WHERE run_id = %s AND seq = 1", (run_id,))
+        conn.execute(
+            "UPDATE run_events SET payload = payload || '\\x00'::bytea "
+            "WHERE run_id = %s AND seq = 2",
+            (run_id,),
+        )
+    audited = cli(env, *args)
+    problems = json.loads(report.read_text())["problems"].get(run_id, [])
+    assert audited.returncode == 1, problems
+    assert any("run_snapshots@" in p for p in problems), problems
+    assert any("no row for seq 1" in p and "deleted" in p for p in problems), problems
+    assert any("run_events seq 2" in p and "changed" in p for p in problems), problems
