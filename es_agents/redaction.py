@@ -5,7 +5,8 @@ A field typed ``SecretStr`` in a tool's arguments model, or a ``SecretStr`` in w
 tool returns, is written as a token: ``sec1:`` + the value encrypted under the run's
 data key (``es_agents.vault``). The model, the transcript, approvers and the CLI see
 the token -- so a model can hand a secret from one tool to the next without ever
-seeing it -- and the worker opens tokens in a tool's arguments just before the call.
+seeing it -- and the worker opens the tokens of a tool's secret fields just before
+the call (only those: a token in any other field reaches the tool as the token).
 ``es-agents forget`` destroys the key, and with it every secret of the run.
 """
 
@@ -101,17 +102,19 @@ class Redactor:
         return sealed
 
     def open_args(
-        self, run_id: str, args: dict[str, JsonValue]
+        self, run_id: str, tool: str, args: dict[str, JsonValue]
     ) -> dict[str, JsonValue]:
-        """A tool's arguments with every token opened (what the tool receives)."""
-        opened: dict[str, JsonValue] = self._open(run_id, args)
-        return opened
+        """A tool's arguments with the tokens of its secret fields opened (what the
+        tool receives). A token anywhere else stays a token: a secret handed to a
+        tool in a field not declared secret (one that echoes it, say) would reach
+        the log, the transcript and the model in plain text."""
+        fields = self.secret.get(tool, frozenset())
+        return {
+            name: self._open(run_id, value) if name in fields else value
+            for name, value in args.items()
+        }
 
     def _open(self, run_id: str, value: Any) -> Any:
         if isinstance(value, str) and value.startswith(SECRET):
             return self.cipher.decrypt_text(run_id, "enc1:" + value[len(SECRET) :])
-        if isinstance(value, dict):
-            return {k: self._open(run_id, v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self._open(run_id, v) for v in value]
         return value

@@ -179,7 +179,7 @@ async def _call(  # noqa: PLR0911 - one return per outcome of a call
     redactor = loop.ctx.redactor
     try:
         if redactor is not None:  # the tool gets its secrets' real values
-            args = redactor.open_args(ctx.run_id, args)
+            args = redactor.open_args(ctx.run_id, tool.name, args)
         try:  # the first try without the retry policy's machinery (the usual case)
             value = await _run_tool(loop, tool, args, ctx)
         except RetryableToolError:

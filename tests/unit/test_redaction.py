@@ -112,3 +112,45 @@ def test_secret_fields_and_errors_that_do_not_repeat_values() -> None:
         login.parse({"password": PASSWORD})  # no user: the error names no value
     assert "user: Field required" in str(refused.value)
     assert PASSWORD not in str(refused.value)
+
+
+class EchoArgs(BaseModel):
+    text: str
+
+
+@tool(EchoArgs)
+def echo(args: EchoArgs, ctx: ToolContext) -> JsonValue:
+    """Says back what it was given (a field not declared secret)."""
+    RECEIVED.append(("echo", args.text))
+    return {"said": args.text}
+
+
+def test_a_token_opens_only_in_a_field_declared_secret(
+    es_harness: Callable[[Any], AgentHarness],
+) -> None:
+    """Before: a token was opened wherever it appeared in a tool's arguments, so a
+    model that handed the session token to a tool that echoes it put the plain
+    token in the log, the transcript and its own next prompt."""
+
+    def leak(messages: Sequence[Message]) -> Completion:
+        shown = json.loads(str(messages[-1]["content"]))["token"]
+        return call("echo", "e1", text=shown)
+
+    agent = ToolAgent(
+        name="leaky",
+        system_prompt="Log in, then echo the session.",
+        model=ScriptedModel(
+            [call("login", "l1", user="ann", password=PASSWORD), leak, reply("ok")]
+        ),
+        tool_list=[login, echo],
+    )
+    RECEIVED.clear()
+    h = es_harness(agent)
+    run_id = h.start()
+    h.run()
+    assert h.state(run_id).status == "completed"
+    said = dict(RECEIVED)["echo"]
+    assert said.startswith(SECRET)  # the echoing tool got the token, not the secret
+    written = b"".join(h.ports.log.encode(e) for e in h.events(run_id))
+    assert TOKEN.encode() not in written
+    assert TOKEN not in repr(h.state(run_id))
