@@ -167,6 +167,9 @@ class Client:
         too_large = self._too_large(command)
         if too_large is not None:
             return CommandResult(command, "refused", too_large)
+        plain = self._plain_to_encrypted(agent)
+        if plain is not None:
+            return CommandResult(command, "refused", plain)
         exists = self._loader.load(run_id, restore=False).state is not None
         taken = self._book.reserve_start(command, exists)
         if taken is not None:
@@ -178,6 +181,22 @@ class Client:
             self._book.decided([Decided(command, "refused", f"not sent: {e}")])
             raise
         return self._await(command, agent, position, wait)
+
+    def _plain_to_encrypted(self, agent: str) -> str | None:
+        """Why this client may not send ``agent`` an input: the agent encrypts its
+        payloads and this client, without the master key, would write the input in
+        plain text to the commands topic (which never expires)."""
+        if self._seals:
+            return None
+        served = self._book.agent(agent)
+        if served is None or not served.encrypted:
+            return None
+        return (
+            f"agent {agent!r} encrypts its runs' payloads and this client has no "
+            "master key: the input would stay in plain text in the commands topic "
+            "after the run is forgotten. Set ES_AGENTS_MASTER_KEY or "
+            "ES_AGENTS_MASTER_KEY_FILE"
+        )
 
     def _too_large(self, command: Command) -> str | None:
         """Why a command is larger than the log takes (None: it fits)."""
@@ -294,6 +313,10 @@ class Client:
     ) -> CommandResult:
         sealed = self._seal(run_id, input_json)
         command = ProvideInput(run_id=run_id, by=by, input_json=sealed)
+        state = self._loader.load(run_id, restore=False).state
+        plain = self._plain_to_encrypted(state.agent) if state is not None else None
+        if plain is not None:
+            return CommandResult(command, "refused", plain)
         too_large = self._too_large(command)
         if too_large is not None:
             return CommandResult(command, "refused", too_large)

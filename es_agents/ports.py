@@ -303,6 +303,7 @@ class ServedAgent:
     seen_at: datetime
     age_seconds: float
     stopped: bool  # every worker of the agent said it stopped
+    encrypted: bool = False  # its payloads are encrypted under each run's data key
 
     def live(self, within_seconds: float) -> bool:
         return not self.stopped and self.age_seconds <= within_seconds
@@ -330,6 +331,7 @@ class CommandBook(Protocol):
         gates: Sequence[str] | None,
         tools: Sequence[str],
         group_id: str,
+        encrypted: bool = False,
     ) -> None: ...
 
     def retire(self, worker_id: str, agent: str) -> None: ...

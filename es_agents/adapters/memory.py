@@ -153,6 +153,7 @@ class MemoryCommandBook:
         gates: Sequence[str] | None,
         tools: Sequence[str],
         group_id: str,
+        encrypted: bool = False,
     ) -> None:
         served = ServedAgent(
             agent,
@@ -163,6 +164,7 @@ class MemoryCommandBook:
             datetime.now(UTC),
             0.0,
             False,
+            encrypted,
         )
         with self._lock:
             self._agents[agent] = (served, time.monotonic())

@@ -165,16 +165,17 @@ class PostgresCommandBook:
         gates: Sequence[str] | None,
         tools: Sequence[str],
         group_id: str,
+        encrypted: bool = False,
     ) -> None:
         """Say (again) that a worker serves ``agent``: a heartbeat."""
         with self._db.transaction() as conn:
             conn.execute(
                 "INSERT INTO agents (prefix, agent, worker_id, agent_version, gates, "
-                "tools, group_id, seen_at) VALUES (%s, %s, %s, %s, %s, %s, %s, now()) "
-                "ON CONFLICT (prefix, agent, worker_id) "
+                "tools, group_id, encrypted, seen_at) VALUES (%s, %s, %s, %s, %s, %s, "
+                "%s, %s, now()) ON CONFLICT (prefix, agent, worker_id) "
                 "DO UPDATE SET agent_version = EXCLUDED.agent_version, gates = "
                 "EXCLUDED.gates, tools = EXCLUDED.tools, group_id = EXCLUDED.group_id,"
-                " seen_at = now()",
+                " encrypted = EXCLUDED.encrypted, seen_at = now()",
                 (
                     self._prefix,
                     agent,
@@ -183,6 +184,7 @@ class PostgresCommandBook:
                     None if gates is None else json.dumps(sorted(gates)),
                     json.dumps(sorted(tools)),
                     group_id,
+                    encrypted,
                 ),
             )
 
@@ -312,14 +314,14 @@ class PostgresCommandBook:
         with self._db.transaction() as conn:
             row = conn.execute(
                 "SELECT agent, agent_version, gates, tools, group_id, seen_at, "
-                "extract(epoch FROM now() - seen_at), stopped_at IS NOT NULL "
-                "FROM agents WHERE prefix = %s AND agent = %s "
+                "extract(epoch FROM now() - seen_at), stopped_at IS NOT NULL, "
+                "encrypted FROM agents WHERE prefix = %s AND agent = %s "
                 "ORDER BY stopped_at IS NULL DESC, seen_at DESC LIMIT 1",
                 (self._prefix, name),
             ).fetchone()
         if row is None:
             return None
-        agent, version, gates, tools, group_id, seen_at, age, stopped = row
+        agent, version, gates, tools, group_id, seen_at, age, stopped, encrypted = row
         return ServedAgent(
             agent,
             version,
@@ -329,4 +331,5 @@ class PostgresCommandBook:
             seen_at,
             float(age),
             bool(stopped),
+            bool(encrypted),
         )

@@ -171,6 +171,7 @@ class Worker:
             None if self.ctx.gates is None else sorted(self.ctx.gates),
             sorted(self.agent.tools),
             self._group,
+            self.ctx.encrypt,
         )
 
     def _idle(self) -> bool:

@@ -195,6 +195,12 @@ def test_no_plaintext_anywhere_and_forget_shreds_it(
 
     _no_plaintext(env, without_key, database_url, run, secret)
     assert secret.encode() not in log.read_bytes()
+    # A client without the master key: before, it sent the input in plain text to
+    # the commands topic (which never expires); now the agent's workers said it
+    # encrypts, and the client refuses before sending anything.
+    plain = cli(without_key, "start", "sealed", "--input", json.dumps({"s": secret}))
+    assert plain.returncode == 1, plain.stdout + plain.stderr
+    assert "has no master key" in plain.stdout + plain.stderr
     forgot = cli(env, "forget", run, "-o", "json")
     assert forgot.returncode == 0, forgot.stderr[-2000:]
     assert json.loads(forgot.stdout) == {"run_id": run, "forgotten": True}
