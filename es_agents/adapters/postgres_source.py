@@ -16,6 +16,7 @@ is seen at once and an idle member costs one query per poll.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
@@ -291,4 +292,9 @@ class PostgresSource(Generic[T]):
                     (self._group, self.topic, self._member),
                 )
         finally:
+            # Release the member's lock before the connection goes: the server ends
+            # a closed session a moment later, and a new member of the same
+            # instance id started meanwhile would find the lock still held.
+            with contextlib.suppress(psycopg.Error):
+                self._listen.execute("SELECT pg_advisory_unlock(%s)", (self._lock_key,))
             self._listen.close()
