@@ -107,13 +107,19 @@ def build_ports(
         ports = _kafka_ports(settings, restore, pool_size, db_timeout, member)
     if migrate:
         ports.migrate()
+    authenticate(settings, ports)
+    ports.claims = claims
+    ports.probe = build_probe(settings)
+    return ports
+
+
+def authenticate(settings: Settings, ports: Ports) -> None:
+    """Give the log and the projections the writer key (again after migrations
+    that made its table: a client built before them has none)."""
     auth = _writer_auth(settings, ports)
     ports.log.auth = auth
     if hasattr(ports.projections, "auth"):  # projections that can verify
         ports.projections.auth = auth
-    ports.claims = claims
-    ports.probe = build_probe(settings)
-    return ports
 
 
 def _writer_auth(settings: Settings, ports: Ports) -> Authenticator | None:

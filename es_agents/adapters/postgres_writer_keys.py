@@ -12,6 +12,7 @@ import psycopg
 
 from es_agents.adapters.postgres import Database
 from es_agents.core.authorship import KEY_BYTES, Authenticator
+from es_agents.errors import Forbidden
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +24,9 @@ def writer_keys(db: Database) -> Authenticator | None:
     that may). None when this role may not read them."""
     try:
         with db.transaction() as conn:
+            found = conn.execute("SELECT to_regclass('writer_keys')").fetchone()
+            if found is None or found[0] is None:
+                return None  # not migrated yet
             rows = _keys(conn)
             if not rows:
                 conn.execute(
@@ -31,8 +35,8 @@ def writer_keys(db: Database) -> Authenticator | None:
                     (FIRST_KEY, os.urandom(KEY_BYTES)),
                 )
                 rows = _keys(conn)
-    except (psycopg.errors.InsufficientPrivilege, psycopg.errors.UndefinedTable) as e:
-        log.debug("no writer keys: %s", e)
+    except (Forbidden, psycopg.errors.InsufficientPrivilege) as e:
+        log.debug("no writer keys: %s", e)  # a role that may not read them
         return None
     if not rows:
         return None

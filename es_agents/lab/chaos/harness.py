@@ -35,7 +35,7 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from es_agents.app import build_client_ports
+from es_agents.app import authenticate, build_client_ports
 from es_agents.core import RunState, replay
 from es_agents.core.commands import Approve, StartRun
 from es_agents.core.events import Event
@@ -185,6 +185,7 @@ class Chaos:
         self.stack.postgres.create_database(self.database)
         self.ports = build_client_ports(self.settings)
         self.ports.migrate()
+        authenticate(self.settings, self.ports)  # the writer key, now its table exists
         self.ports.ensure_topics()
         self.effects.start()
         self.workers, self.projector = self._children()
