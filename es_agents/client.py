@@ -313,10 +313,6 @@ class Client:
     ) -> CommandResult:
         sealed = self._seal(run_id, input_json)
         command = ProvideInput(run_id=run_id, by=by, input_json=sealed)
-        state = self._loader.load(run_id, restore=False).state
-        plain = self._plain_to_encrypted(state.agent) if state is not None else None
-        if plain is not None:
-            return CommandResult(command, "refused", plain)
         too_large = self._too_large(command)
         if too_large is not None:
             return CommandResult(command, "refused", too_large)
@@ -363,6 +359,8 @@ class Client:
         if state is None:
             raise NotFound(f"unknown run {command.run_id}")
         refusal = self._gate_refusal(state, command)
+        if refusal is None and isinstance(command, ProvideInput):
+            refusal = self._plain_to_encrypted(state.agent)
         if refusal is not None:
             return CommandResult(command, "refused", refusal)
         try:

@@ -35,6 +35,7 @@ from es_agents.core.authorship import (
     describe,
     mac_of,
     snapshot_bytes,
+    worth_a_line,
 )
 from es_agents.core.chain import digest
 from es_agents.core.epochs import EPOCH_HEADER, EpochFence
@@ -280,7 +281,7 @@ class Projector:
                     self._project(conn, batch, msg, partition, offset)
                 elif fence.forged > forged:  # not written by a worker
                     self.forged_writes += 1
-                    if self.forged_writes <= 10 or self.forged_writes % 1000 == 0:
+                    if worth_a_line(self.forged_writes):
                         log.warning(
                             "%s[%d]@%d: left out: %s (key %s): not written by a "
                             "worker (%d so far)",

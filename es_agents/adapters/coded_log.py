@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from es_agents.codec import AvroCodec
-from es_agents.core.authorship import Authenticator, describe
+from es_agents.core.authorship import Authenticator, describe, worth_a_line
 from es_agents.core.chain import Sealed, seal, seal_runs
 from es_agents.core.commands import Command
 from es_agents.core.events import Event
@@ -19,12 +19,6 @@ from es_agents.errors import DecodeError
 from es_agents.ports import Position, Record
 
 log = logging.getLogger(__name__)
-
-
-def _worth_a_line(count: int) -> bool:
-    """The first ten, then every thousandth: a flood of forged records is reported
-    without flooding the log."""
-    return count <= 10 or count % 1000 == 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +100,7 @@ class CodedLog:
         self.left_out_records.append(
             LeftOut(record.key, record.partition, record.offset, why)
         )
-        if not _worth_a_line(self.forged_records):
+        if not worth_a_line(self.forged_records):
             return
         log.warning(
             "%s[%d]@%d: left out (key %s): %s (%d so far)",

@@ -193,23 +193,15 @@ class KafkaProducerLink:
         choice by key), waiting while its local queue is full."""
         while True:
             try:
-                if partition is None:
-                    self._producer.produce(
-                        topic,
-                        value=value,
-                        key=key,
-                        headers=headers,
-                        on_delivery=delivered,
-                    )
-                else:
-                    self._producer.produce(
-                        topic,
-                        value=value,
-                        key=key,
-                        headers=headers,
-                        partition=partition,
-                        on_delivery=delivered,
-                    )
+                self._producer.produce(
+                    topic,
+                    value=value,
+                    key=key,
+                    headers=headers,
+                    # -1: unassigned, librdkafka's partitioner picks it by key
+                    partition=-1 if partition is None else partition,
+                    on_delivery=delivered,
+                )
             except BufferError:
                 # The local queue is full: wait for acknowledgements to drain it.
                 self._producer.poll(0.01)

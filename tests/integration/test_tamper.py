@@ -4,6 +4,7 @@ the untouched copy passes both."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Callable
@@ -15,6 +16,7 @@ import pytest
 from es_agents.app import build_client_ports
 from es_agents.codec import AvroCodec
 from es_agents.core.events import StatePatched
+from es_agents.errors import DecodeError
 from es_agents.lab.demo import cli, run_worker
 from es_agents.partitioner import partition_for
 from es_agents.ports import Record
@@ -216,13 +218,20 @@ def _insert(
                     partition,
                     row[0],
                     key,
-                    CODEC.decode_event(value).seq,
+                    _seq(value),
                     value,
                     json.dumps({k: v.decode() for k, v in headers})
                     if headers
                     else None,
                 ),
             )
+
+
+def _seq(value: bytes) -> int | None:
+    """The event's seq, from its own bytes (garbage has none)."""
+    with contextlib.suppress(DecodeError):
+        return CODEC.decode_event(value).seq
+    return None
 
 
 def _settings(env: dict[str, str], store: str) -> dict[str, object]:

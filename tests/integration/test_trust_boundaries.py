@@ -4,7 +4,6 @@ the code before writer MACs and acted; each is refused now."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import uuid
 from pathlib import Path
@@ -17,13 +16,11 @@ from es_agents.codec import AvroCodec
 from es_agents.core.chain import digest
 from es_agents.core.epochs import EPOCH_HEADER
 from es_agents.core.events import Resumed
-from es_agents.errors import DecodeError
 from es_agents.lab.demo import cli, run_worker, ticket_stats
-from es_agents.partitioner import partition_for
 from es_agents.ports import Ports, Record
 from es_agents.settings import load_settings
 from tests.integration.test_postgres_store import pg  # noqa: F401 - a fixture
-from tests.integration.test_tamper import _settings
+from tests.integration.test_tamper import _insert, _settings
 
 pytestmark = pytest.mark.integration
 
@@ -50,30 +47,12 @@ def _write_raw(  # noqa: PLR0917 - where, whose, what
     if store == "kafka":
         ports.log.produce(topic, run_id, value, headers)
         return
-    partition = partition_for(run_id, int(env["ES_AGENTS_PARTITIONS"]))
-    seq = None
-    with contextlib.suppress(DecodeError):  # garbage has no seq
-        seq = CODEC.decode_event(value).seq
-    with psycopg.connect(env["ES_AGENTS_DATABASE_URL"]) as conn:
-        row = conn.execute(
-            "UPDATE log_heads SET next_offset = next_offset + 1 WHERE topic = %s "
-            "AND partition = %s RETURNING next_offset - 1",
-            (topic, partition),
-        ).fetchone()
-        assert row is not None
-        conn.execute(
-            'INSERT INTO log_records (topic, partition, "offset", key, seq, value, '
-            "headers) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-            (
-                topic,
-                partition,
-                row[0],
-                run_id,
-                seq,
-                value,
-                json.dumps({k: v.decode() for k, v in headers}) or None,
-            ),
-        )
+    _insert(
+        env["ES_AGENTS_DATABASE_URL"],
+        topic,
+        int(env["ES_AGENTS_PARTITIONS"]),
+        [(run_id, value, tuple(headers))],
+    )
 
 
 def _env_for(
