@@ -1,135 +1,256 @@
 """``es-agents ui``: a small web app over the client and the projections.
 
-Starlette with Jinja2 templates and htmx served from the package (no JavaScript
-build step): the runs with filters and live status, a run's page with its timeline
-and the pending approval's arguments and approve / reject buttons, the dead letters,
-and the cost per run and per agent. Decisions go through ``Client`` -- the same
-checks as the CLI -- with the approver's identity from a configured header (set by
-an authenticating proxy) or, without one, the name typed in the form.
+Starlette with Jinja2 templates (autoescaped) and htmx served from the package (no
+JavaScript build step): the runs with filters and live status; a run's page with
+its input, its conversation, its timeline and the pending approval's arguments with
+approve / reject buttons; the dead letters; the cost per run and per agent.
+Decisions go through ``Client`` -- the same checks as the CLI -- in the name of the
+signed-in person (``auth``), never a name typed in a form.
+
+The run page refreshes its timeline every second; the approval box is refreshed
+only when what waits changes (the server answers 204 otherwise), so a decision made
+after any time on the page goes through and its verdict stays on the page.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import secrets
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+from markupsafe import escape
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.middleware.base import BaseHTTPMiddleware
+from starlette.middleware.sessions import SessionMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from es_agents.client import Client
+from es_agents.client import Client, RunView
 from es_agents.errors import EsAgentsError, NotFound
 from es_agents.replay import timeline
 from es_agents.settings import ModelPrice
+from es_agents.ui.auth import SignIn, cross_site, csrf_token
+from es_agents.ui.conversation import conversation
 
 HERE = Path(__file__).parent
 STATUSES = ("running", "paused", "blocked", "completed", "failed", "cancelled")
+OPEN_PATHS = ("/login", "/static/")
 
 
-def make_app(client: Client, user_header: str | None = None) -> Starlette:
-    """The app over ``client``. ``user_header``: the request header that names the
-    approver (an authenticating proxy sets it); without it, the form's name."""
-    templates = Jinja2Templates(directory=str(HERE / "templates"))
-    prices = client.settings.prices
+def make_app(
+    client: Client,
+    sign_in: SignIn | None = None,
+    *,
+    secret: str | None = None,
+    https: bool = False,
+) -> Starlette:
+    """The app over ``client``; ``sign_in`` says how people are known (by default a
+    token, ``sign_in.token``); ``secret`` signs the session cookies (random: the
+    sessions end with the process)."""
+    pages = _Pages(client, sign_in or SignIn())
+    return Starlette(
+        routes=[
+            Route("/login", pages.login_page),
+            Route("/login", pages.login, methods=["POST"]),
+            Route("/logout", pages.logout, methods=["POST"]),
+            Route("/", pages.runs_page),
+            Route("/runs/table", pages.runs_table),
+            Route("/runs/{run_id}", pages.run_page),
+            Route("/runs/{run_id}/body", pages.run_body),
+            Route("/runs/{run_id}/approval", pages.approval_box),
+            Route("/runs/{run_id}/{action:str}", pages.decide, methods=["POST"]),
+            Route("/dlq", pages.dlq_page),
+            Route("/costs", pages.costs_page),
+            Mount(
+                "/static", StaticFiles(directory=str(HERE / "static")), name="static"
+            ),
+        ],
+        middleware=[  # outermost first: the session, then who is signed in
+            Middleware(
+                SessionMiddleware,
+                secret_key=secret or secrets.token_urlsafe(32),
+                session_cookie="es_agents_ui",
+                same_site="lax",
+                https_only=https,
+            ),
+            Middleware(BaseHTTPMiddleware, dispatch=pages.signed_in_only),
+        ],
+    )
 
-    async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        return await asyncio.to_thread(fn, *args, **kwargs)
 
-    async def runs_page(request: Request) -> Response:
-        return templates.TemplateResponse(
-            request, "runs.html", {"statuses": STATUSES, **await _runs(request)}
+class _Pages:
+    """The app's handlers, over one client and one way of signing in."""
+
+    def __init__(self, client: Client, doors: SignIn) -> None:
+        self.client = client
+        self.doors = doors
+        self.templates = Jinja2Templates(directory=str(HERE / "templates"))
+        self.prices = client.settings.prices
+
+    def page(self, request: Request, name: str, context: dict[str, Any]) -> Response:
+        extra = {
+            "csrf": csrf_token(request),
+            "who": self.doors.identity(request),
+            "mode": self.doors.mode,
+        }
+        return self.templates.TemplateResponse(request, name, {**context, **extra})
+
+    async def signed_in_only(self, request: Request, call_next: Any) -> Response:
+        path = request.url.path
+        if any(path.startswith(p) for p in OPEN_PATHS):
+            response: Response = await call_next(request)
+        elif self.doors.identity(request) is None:
+            if request.method != "GET" or "hx-request" in request.headers:
+                return _refused("sign in first", 401)
+            return RedirectResponse(f"/login?next={quote(path)}", 303)
+        else:
+            response = await call_next(request)
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("Referrer-Policy", "same-origin")
+        return response
+
+    async def login_page(self, request: Request) -> Response:
+        target = _local(request.query_params.get("next", "/"))
+        if self.doors.identity(request):
+            return RedirectResponse(target, 303)
+        token = request.query_params.get("token")
+        printed = token is not None and self.doors.mode == "token"
+        if printed and self.doors.sign_in(request, {"token": token or ""}) is None:
+            return RedirectResponse(target, 303)
+        return self.page(request, "login.html", {"next": target, "refused": None})
+
+    async def login(self, request: Request) -> Response:
+        form = {k: str(v) for k, v in (await request.form()).items()}
+        target = _local(form.get("next", "/"))
+        if (why := cross_site(request, form.get("csrf"))) is not None:
+            return _refused(why, 403)
+        refused = self.doors.sign_in(request, form)
+        if refused is None:
+            return RedirectResponse(target, 303)
+        response = self.page(
+            request, "login.html", {"next": target, "refused": refused}
         )
+        response.status_code = 401
+        return response
 
-    async def runs_table(request: Request) -> Response:
-        return templates.TemplateResponse(
-            request, "_runs_table.html", await _runs(request)
-        )
+    async def logout(self, request: Request) -> Response:
+        form = await request.form()
+        if (why := cross_site(request, _str(form.get("csrf")))) is not None:
+            return _refused(why, 403)
+        request.session.clear()
+        return RedirectResponse("/login", 303)
 
-    async def _runs(request: Request) -> dict[str, Any]:
+    async def runs_page(self, request: Request) -> Response:
+        context = {"statuses": STATUSES, **await self._runs(request)}
+        return self.page(request, "runs.html", context)
+
+    async def runs_table(self, request: Request) -> Response:
+        return self.page(request, "_runs_table.html", await self._runs(request))
+
+    async def _runs(self, request: Request) -> dict[str, Any]:
         status = request.query_params.get("status") or None
         agent = request.query_params.get("agent") or None
-        rows = await call(client.runs, status, 200, agent=agent)
+        rows = await _call(self.client.runs, status, 200, agent=agent)
         return {"rows": rows, "status": status or "", "agent": agent or ""}
 
-    async def run_page(request: Request) -> Response:
-        return templates.TemplateResponse(
-            request, "run.html", await _run(request.path_params["run_id"])
-        )
+    async def run_page(self, request: Request) -> Response:
+        context = await self._run(request.path_params["run_id"])
+        return self.page(request, "run.html", context)
 
-    async def run_body(request: Request) -> Response:
-        return templates.TemplateResponse(
-            request, "_run_body.html", await _run(request.path_params["run_id"])
-        )
+    async def run_body(self, request: Request) -> Response:
+        context = await self._run(request.path_params["run_id"])
+        return self.page(request, "_run_body.html", context)
 
-    async def _run(run_id: str) -> dict[str, Any]:
+    async def approval_box(self, request: Request) -> Response:
+        context = await self._run(request.path_params["run_id"])
+        if request.query_params.get("seen") == context.get("approval_key"):
+            return Response(status_code=204)  # unchanged: the form stays as it is
+        return self.page(request, "_approval.html", context)
+
+    async def _run(self, run_id: str) -> dict[str, Any]:
         try:
-            view = await call(client.status, run_id)
-            events = await call(client.events, run_id)
+            view = await _call(self.client.status, run_id)
+            events = await _call(self.client.events, run_id)
         except NotFound:
-            return {"run_id": run_id, "missing": True}
-        entries = timeline(events, prices)
+            return {"run_id": run_id, "missing": True, "approval_key": "missing"}
+        entries = timeline(events, self.prices)
+        awaiting = _awaiting(view)
         return {
             "run_id": run_id,
             "missing": False,
             "view": view,
             "entries": entries,
-            "awaiting": _awaiting(view),
+            "conversation": conversation(events),
+            "awaiting": awaiting,
+            "approval_key": _approval_key(view, awaiting),
             "cost": round(sum(float(str(e.get("cost_usd") or 0)) for e in entries), 6),
-            "user_header": user_header,
         }
 
-    async def decide(request: Request) -> Response:
+    async def decide(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
-        form = await request.form()
-        by = request.headers.get(user_header) if user_header else form.get("by")
-        if not by or not isinstance(by, str):
-            who = f"the {user_header} header" if user_header else "a name"
-            return HTMLResponse(f'<p class="refused">refused: {who} is needed</p>', 401)
         action = request.path_params["action"]
-        method = client.approve if action == "approve" else client.reject
+        if action not in ("approve", "reject"):
+            return _refused(f"no such action: {action}", 404)
+        form = await request.form()
+        if (why := cross_site(request, _str(form.get("csrf")))) is not None:
+            return _refused(why, 403)
+        by = self.doors.identity(request)
+        if by is None:
+            return _refused("sign in first", 401)
+        method = self.client.approve if action == "approve" else self.client.reject
         try:
-            result = await call(method, run_id, by, None, None, 10.0)
+            result = await _call(method, run_id, by, None, None, 10.0)
         except EsAgentsError as e:
-            return HTMLResponse(f'<p class="refused">{type(e).__name__}: {e}</p>', 409)
-        return templates.TemplateResponse(
-            request, "_verdict.html", {"result": result, "by": by}
-        )
+            return _refused(f"{type(e).__name__}: {e}", 409)
+        return self.page(request, "_verdict.html", {"result": result, "by": by})
 
-    async def dlq_page(request: Request) -> Response:
-        letters = await call(client.dead_letters, None, 200)
-        return templates.TemplateResponse(
-            request, "dlq.html", {"letters": [asdict(d) for d in letters]}
-        )
+    async def dlq_page(self, request: Request) -> Response:
+        letters = await _call(self.client.dead_letters, None, 200)
+        context = {"letters": [asdict(d) for d in letters]}
+        return self.page(request, "dlq.html", context)
 
-    async def costs_page(request: Request) -> Response:
-        rows = await call(client.runs, None, 1000)
-        return templates.TemplateResponse(request, "costs.html", _costs(rows, prices))
-
-    return Starlette(
-        routes=[
-            Route("/", runs_page),
-            Route("/runs/table", runs_table),
-            Route("/runs/{run_id}", run_page),
-            Route("/runs/{run_id}/body", run_body),
-            Route("/runs/{run_id}/{action:str}", decide, methods=["POST"]),
-            Route("/dlq", dlq_page),
-            Route("/costs", costs_page),
-            Mount(
-                "/static", StaticFiles(directory=str(HERE / "static")), name="static"
-            ),
-        ]
-    )
+    async def costs_page(self, request: Request) -> Response:
+        rows = await _call(self.client.runs, None, 1000)
+        return self.page(request, "costs.html", _costs(rows, self.prices))
 
 
-def _awaiting(view: Any) -> dict[str, Any] | None:
-    import contextlib  # noqa: PLC0415
-    import json  # noqa: PLC0415
+async def _call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    return await asyncio.to_thread(fn, *args, **kwargs)
 
+
+def _refused(why: str, status: int) -> HTMLResponse:
+    return HTMLResponse(f'<p class="refused">refused: {escape(why)}</p>', status)
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _local(target: str) -> str:
+    """A redirect target on this site only (no open redirect)."""
+    if not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return "/"
+    return target
+
+
+def _approval_key(view: RunView, awaiting: dict[str, Any] | None) -> str:
+    state = view.state
+    step = state.step if state is not None else -1
+    reason = awaiting["reason"] if awaiting else ""
+    return f"{view.status}:{step}:{reason}"
+
+
+def _awaiting(view: RunView) -> dict[str, Any] | None:
     state = view.state
     if state is None or state.status != "paused" or state.waiting is None:
         return None

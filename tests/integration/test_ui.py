@@ -1,7 +1,10 @@
 """`es-agents ui` in a real browser (Playwright driving Debian's chromium, started
-by the test): open a paused run, read the arguments being approved, approve it in
-the page, and watch it complete. Also the runs list, the dead letters and costs.
-``ES_AGENTS_UI_SCREENSHOTS=DIR`` saves the pages' screenshots there (docs/)."""
+by the test): sign in, open a paused run, read the arguments being approved, stay
+on the page a while (it refreshes every second), approve it and watch it complete.
+Also what the page refuses: a decision without signing in, a cross-site POST, a
+POST without the CSRF token, markup in a run id (escaped). And the runs list, the
+dead letters and costs. ``ES_AGENTS_UI_SCREENSHOTS=DIR`` saves the pages'
+screenshots there (docs/)."""
 
 from __future__ import annotations
 
@@ -12,6 +15,8 @@ import sys
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
 import pytest
 from playwright.sync_api import expect, sync_playwright
@@ -33,6 +38,67 @@ def _up(url: str) -> bool:
         return False
 
 
+def _users(env: dict[str, str], path: Path) -> Path:
+    """A users file with ann in it, written by the CLI."""
+    added = subprocess.run(
+        [sys.executable, "-m", "es_agents.cli", "ui", "adduser", "ann", "--users",
+         str(path), "--password-stdin"],
+        input="correct horse\n", cwd=ROOT, env=_env(**env), capture_output=True,
+        text=True, check=False,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+    assert "correct horse" not in path.read_text()  # a hash, not the password
+    return path
+
+
+def _sign_in(page: Any, base: str) -> None:
+    page.goto(base + "/")
+    expect(page.locator("h1")).to_have_text("Sign in")  # redirected
+    page.fill("#name", "ann")
+    page.fill("#password", "wrong horse")
+    page.click("#sign-in")
+    expect(page.locator("#refused")).to_contain_text("wrong password")
+    page.fill("#name", "ann")
+    page.fill("#password", "correct horse")
+    page.click("#sign-in")
+    expect(page.locator("#who")).to_have_text("ann")
+
+
+def _other_pages(page: Any, base: str) -> None:
+    page.goto(base + "/costs")
+    expect(page.locator("body")).to_contain_text("research")
+    page.goto(base + "/dlq")
+    expect(page.locator("h1")).to_have_text("Dead letters")
+
+
+def _refusals(p: Any, page: Any, base: str, run: str) -> None:
+    """What the UI refuses, each answered by the server (nothing is decided)."""
+    csrf = page.locator("#approval input[name=csrf]").get_attribute("value")
+    assert csrf
+    outsider = p.request.new_context()  # no session cookie: not signed in
+    answer = outsider.post(f"{base}/runs/{run}/approve", form={"csrf": csrf})
+    assert answer.status == 401, answer.text()
+    assert "sign in first" in answer.text()
+    outsider.dispose()
+    signed_in = page.request  # the browser's cookies
+    forged = signed_in.post(
+        f"{base}/runs/{run}/approve",
+        form={"csrf": csrf},
+        headers={"Origin": "https://evil.example"},
+    )  # a form on another site, posted with the cookie
+    assert forged.status == 403, forged.text()
+    assert "cross-site" in forged.text()
+    tokenless = signed_in.post(f"{base}/runs/{run}/approve", form={"by": "mallory"})
+    assert tokenless.status == 403, tokenless.text()
+    assert "CSRF" in tokenless.text()
+    markup = "<img src=x onerror=alert(1)>"
+    xss = signed_in.post(f"{base}/runs/{quote(markup)}/approve", form={"csrf": csrf})
+    assert xss.status == 409, xss.text()
+    assert "&lt;img src=x onerror=alert(1)&gt;" in xss.text()
+    assert markup not in xss.text()
+    expect(page.locator("#status")).to_have_text("paused")  # nothing was decided
+
+
 def test_approve_a_paused_run_in_the_browser(
     env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -41,8 +107,18 @@ def test_approve_a_paused_run_in_the_browser(
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     run = f"ui-{uuid.uuid4().hex[:8]}"
+    users = _users(env, tmp_path / "users")
     server = subprocess.Popen(
-        [sys.executable, "-m", "es_agents.cli", "ui", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "es_agents.cli",
+            "ui",
+            "--port",
+            str(port),
+            "--users",
+            str(users),
+        ],
         cwd=ROOT,
         env=_env(**env),
         stdout=subprocess.DEVNULL,
@@ -70,7 +146,7 @@ def test_approve_a_paused_run_in_the_browser(
                     executable_path=CHROMIUM, args=["--no-sandbox", "--headless=new"]
                 )
                 page = browser.new_page(viewport={"width": 1280, "height": 900})
-                page.goto(base + "/")
+                _sign_in(page, base)
                 expect(page.locator(f"a[href='/runs/{run}']")).to_be_visible(
                     timeout=30_000
                 )  # the runs list, as projected
@@ -78,21 +154,24 @@ def test_approve_a_paused_run_in_the_browser(
                 expect(page.locator("#status")).to_have_text("paused")
                 expect(page.locator("#approval")).to_contain_text("create_ticket")
                 expect(page.locator("#args")).to_contain_text("title")
+                expect(page.locator("#conversation")).to_contain_text("a browser")
                 page.screenshot(path=str(shots / "ui-run-paused.png"), full_page=True)
-                page.fill("#by", "ann")
+                _refusals(p, page, base, run)
+                # A person reads the arguments for a while; the page refreshes every
+                # second meanwhile and must not lose the form.
+                page.wait_for_timeout(5_500)
                 page.click("#approve")
                 expect(page.locator("#verdict")).to_contain_text("applied")
                 expect(page.locator("#status")).to_have_text(
                     "completed", timeout=30_000
                 )
+                expect(page.locator("#verdict")).to_contain_text("applied")  # stays
+                expect(page.locator("#approval")).to_have_count(0)
                 expect(page.locator("#timeline")).to_contain_text("run_completed")
                 page.screenshot(
                     path=str(shots / "ui-run-completed.png"), full_page=True
                 )
-                page.goto(base + "/costs")
-                expect(page.locator("body")).to_contain_text("research")
-                page.goto(base + "/dlq")
-                expect(page.locator("h1")).to_have_text("Dead letters")
+                _other_pages(page, base)
                 browser.close()
             finally:
                 projector.terminate()
