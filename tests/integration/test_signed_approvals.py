@@ -155,6 +155,7 @@ def test_forged_altered_expired_and_replayed_decisions_on_the_real_stack(
             view = client.status(run)
             return pause_of(view.state) if view.state is not None else None
 
+        client.wait(run, until=("paused",), timeout=60)  # as a sender would
         until(lambda: pause_now() is not None, what="the first gate")
         first = pause_now()
         assert first is not None
