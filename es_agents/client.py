@@ -38,7 +38,14 @@ from es_agents.core.state import RunState
 from es_agents.core.step import Refused, decide, start
 from es_agents.dead_letters import DeadLetter, read_dead_letters
 from es_agents.errors import EsAgentsError, NotFound, PayloadUnavailable
-from es_agents.ports import Decided, Ports, Position, ServedAgent, Verdict
+from es_agents.ports import (
+    Decided,
+    Ports,
+    Position,
+    ServedAgent,
+    ServingWorker,
+    Verdict,
+)
 from es_agents.runtime.loader import RunLoader
 from es_agents.settings import Settings, load_settings
 from es_agents.vault import Cipher
@@ -510,6 +517,41 @@ class Client:
             if (arrived := waiting.arrived(view)) is not None:
                 return arrived
             time.sleep(waiting.pause())
+
+    def agents(self) -> list[dict[str, object]]:
+        """The agents served on this prefix: per agent its version, tools and gates
+        (of the latest heartbeat), its workers live and stopped, and when the last
+        heartbeat came. A worker is live when it beat within the last
+        ``SERVED_WITHIN_SECONDS`` and did not say it stopped."""
+        by_agent: dict[str, list[ServingWorker]] = {}
+        for w in self._book.workers():  # latest heartbeat first
+            by_agent.setdefault(w.agent, []).append(w)
+
+        def live(w: ServingWorker) -> bool:
+            return not w.stopped and w.age_seconds <= SERVED_WITHIN_SECONDS
+
+        return [
+            {
+                "agent": agent,
+                "agent_version": workers[0].agent_version,
+                "live_workers": sum(live(w) for w in workers),
+                "last_heartbeat": workers[0].seen_at,
+                "seconds_since": round(workers[0].age_seconds, 1),
+                "tools": workers[0].tools,
+                "gates": workers[0].gates,
+                "workers": [
+                    {
+                        "worker_id": w.worker_id,
+                        "agent_version": w.agent_version,
+                        "live": live(w),
+                        "stopped": w.stopped,
+                        "last_heartbeat": w.seen_at,
+                    }
+                    for w in workers
+                ],
+            }
+            for agent, workers in by_agent.items()
+        ]
 
     def events(self, run_id: str) -> list[Event]:
         """The run's events as they count (claim-checked payloads read back): the

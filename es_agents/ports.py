@@ -310,6 +310,20 @@ class ServedAgent:
 
 
 @dataclass(frozen=True)
+class ServingWorker:
+    """One worker process serving one agent, as of its last heartbeat."""
+
+    agent: str
+    worker_id: str
+    agent_version: str
+    tools: list[str]
+    gates: list[str] | None
+    seen_at: datetime
+    age_seconds: float
+    stopped: bool
+
+
+@dataclass(frozen=True)
 class Decided:
     """One verdict a worker reached: ``reason`` is None when applied."""
 
@@ -354,6 +368,11 @@ class CommandBook(Protocol):
     def for_run(self, run_id: str) -> list[Verdict]: ...
 
     def agent(self, name: str) -> ServedAgent | None: ...
+
+    def workers(self) -> list[ServingWorker]:
+        """Every worker that serves or served an agent on this prefix (stopped ones
+        for a day), by agent then latest heartbeat first."""
+        ...
 
 
 @dataclass(frozen=True)

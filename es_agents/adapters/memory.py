@@ -20,6 +20,7 @@ from es_agents.ports import (
     EffectStatus,
     Projected,
     ServedAgent,
+    ServingWorker,
     Verdict,
 )
 
@@ -121,6 +122,7 @@ class MemoryCommandBook:
     def __init__(self) -> None:
         self._verdicts: dict[str, Verdict] = {}
         self._agents: dict[str, tuple[ServedAgent, float]] = {}
+        self._workers: dict[tuple[str, str], tuple[ServedAgent, float]] = {}
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)
 
@@ -168,12 +170,19 @@ class MemoryCommandBook:
         )
         with self._lock:
             self._agents[agent] = (served, time.monotonic())
+            self._workers[agent, worker_id] = (served, time.monotonic())
 
     def retire(self, worker_id: str, agent: str) -> None:
         with self._lock:
             found = self._agents.get(agent)
             if found is not None:
                 self._agents[agent] = (replace(found[0], stopped=True), found[1])
+            mine = self._workers.get((agent, worker_id))
+            if mine is not None:
+                self._workers[agent, worker_id] = (
+                    replace(mine[0], stopped=True),
+                    mine[1],
+                )
 
     def reserve_start(
         self, command: StartRun | ForkRun, run_exists: bool
@@ -225,6 +234,24 @@ class MemoryCommandBook:
     def for_run(self, run_id: str) -> list[Verdict]:
         with self._lock:
             return [v for v in self._verdicts.values() if v.run_id == run_id]
+
+    def workers(self) -> list[ServingWorker]:
+        now = time.monotonic()
+        with self._lock:
+            rows = sorted(self._workers.items(), key=lambda kv: (kv[0][0], -kv[1][1]))
+        return [
+            ServingWorker(
+                agent,
+                worker_id,
+                served.agent_version,
+                served.tools,
+                served.gates,
+                served.seen_at,
+                now - at,
+                served.stopped,
+            )
+            for (agent, worker_id), (served, at) in rows
+        ]
 
     def agent(self, name: str) -> ServedAgent | None:
         with self._lock:

@@ -44,6 +44,33 @@ def migrations() -> list[Migration]:
     return sorted(found, key=lambda m: m.version)
 
 
+def _probe(url: str, connect_timeout: int) -> None:
+    """One connection before the pool's: what is wrong is said at once and by name
+    (a pool would retry a refused connection or a missing database until its
+    timeout, then report only that nobody answered)."""
+    try:
+        psycopg.connect(url, connect_timeout=connect_timeout).close()
+    except psycopg.OperationalError as e:
+        reason = " ".join(line.strip() for line in str(e).splitlines()) or repr(e)
+        where = f"Postgres at {_safe(url)}"
+        missing = re.search(r'database "([^"]+)" does not exist', str(e))
+        if missing:
+            name = missing.group(1)
+            raise ConfigError(
+                f"{where}: database {name!r} does not exist: create it "
+                f'(CREATE DATABASE "{name}"; or `createdb {name}` as a role that '
+                "may) or point ES_AGENTS_DATABASE_URL at one that does"
+            ) from e
+        if "password authentication failed" in reason or "role" in reason:
+            raise ConfigError(
+                f"{where}: {reason} (the user and password in ES_AGENTS_DATABASE_URL)"
+            ) from e
+        raise Unavailable(
+            f"{where}: {reason} (ES_AGENTS_DATABASE_URL; the dev stack starts with "
+            "`es-agents dev up`)"
+        ) from e
+
+
 class Database:
     """A small connection pool with errors translated at the boundary."""
 
@@ -74,6 +101,7 @@ class Database:
         if timeout < 30:
             kwargs["connect_timeout"] = max(2, math.ceil(timeout))  # libpq's minimum
         self._reaper: StallReaper | None = None
+        _probe(url, kwargs.get("connect_timeout", max(2, math.ceil(timeout))))
         try:
             self.pool = ConnectionPool(
                 url,

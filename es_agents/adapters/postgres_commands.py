@@ -21,7 +21,7 @@ import psycopg
 from es_agents.adapters.postgres import Database
 from es_agents.core.commands import Command, ForkRun, StartRun
 from es_agents.errors import Unavailable
-from es_agents.ports import Decided, ServedAgent, Verdict
+from es_agents.ports import Decided, ServedAgent, ServingWorker, Verdict
 
 _COLUMNS = "command_id, run_id, type, status, reason, agent, sent_at, decided_at"
 
@@ -309,6 +309,28 @@ class PostgresCommandBook:
                 (self._prefix, run_id),
             ).fetchall()
         return [_verdict(r) for r in rows]
+
+    def workers(self) -> list[ServingWorker]:
+        with self._db.transaction() as conn:
+            rows = conn.execute(
+                "SELECT agent, worker_id, agent_version, tools, gates, seen_at, "
+                "extract(epoch FROM now() - seen_at), stopped_at IS NOT NULL "
+                "FROM agents WHERE prefix = %s ORDER BY agent, seen_at DESC",
+                (self._prefix,),
+            ).fetchall()
+        return [
+            ServingWorker(
+                agent,
+                worker_id,
+                version,
+                list(tools),
+                gates,
+                seen_at,
+                float(age),
+                bool(stopped),
+            )
+            for agent, worker_id, version, tools, gates, seen_at, age, stopped in rows
+        ]
 
     def agent(self, name: str) -> ServedAgent | None:
         with self._db.transaction() as conn:

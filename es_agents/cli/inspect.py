@@ -400,6 +400,35 @@ def runs(
     table(rows, names)
 
 
+@cli.command()
+@output_option
+def agents() -> None:
+    """The agents served on this prefix: version, live workers, the last heartbeat,
+    tools and gates (-o json: each worker too)."""
+    with client() as c:
+        rows = c.agents()
+    if machine():
+        emit_many(rows)
+        return
+    if not rows:
+        click.echo("no agent is served on this prefix (start one: es-agents worker)")
+        return
+    shown = [
+        {
+            **row,
+            "live_workers": f"{row['live_workers']}/{len(row['workers'])}",  # type: ignore[arg-type]
+            "seconds_since": f"{row['seconds_since']} s ago",
+            "tools": ",".join(row["tools"]),  # type: ignore[arg-type]
+            "gates": "-" if row["gates"] is None else ",".join(row["gates"]),  # type: ignore[arg-type]
+        }
+        for row in rows
+    ]
+    table(
+        shown,
+        ["agent", "agent_version", "live_workers", "seconds_since", "tools", "gates"],
+    )
+
+
 @cli.group()
 def dlq() -> None:
     """The dead-letter topic: records that could not be decoded or applied."""
