@@ -52,6 +52,8 @@ from es_agents.vault import Cipher
 
 # A worker writes its agent's row every 5 s: older than this, nobody serves it.
 SERVED_WITHIN_SECONDS = 30.0
+# How long a start refusing an unknown agent waits for a worker starting meanwhile.
+SERVED_GRACE_SECONDS = 10.0
 AGENT_CACHE_SECONDS = 1.0
 X = TypeVar("X")
 SIGNED_FOR = timedelta(minutes=15)  # a signed decision's default validity
@@ -164,8 +166,15 @@ class Client:
         input_json: str = "{}",
         run_id: str | None = None,
         wait: float = 10.0,
+        *,
+        unserved: Literal["queue", "refuse"] = "queue",
     ) -> CommandResult:
-        """Start a run of ``agent``; refused at once if ``run_id`` is taken."""
+        """Start a run of ``agent``; refused at once if ``run_id`` is taken.
+
+        ``unserved``: what to do when no worker has ever served ``agent`` on this
+        prefix -- queue the start for a worker to come (the default), or refuse it
+        (after ``SERVED_GRACE_SECONDS`` for a worker that is starting), naming the
+        agents that are served: a mistyped name is not queued forever."""
         self._check_topics()
         run_id = run_id or str(uuid.uuid4())
         command = StartRun(
@@ -177,6 +186,8 @@ class Client:
         plain = self._plain_to_encrypted(agent)
         if plain is not None:
             return CommandResult(command, "refused", plain)
+        if unserved == "refuse" and (unknown := self._unserved(agent)) is not None:
+            return CommandResult(command, "refused", unknown)
         exists = self._loader.load(run_id, restore=False).state is not None
         taken = self._book.reserve_start(command, exists)
         if taken is not None:
@@ -188,6 +199,22 @@ class Client:
             self._book.decided([Decided(command, "refused", f"not sent: {e}")])
             raise
         return self._await(command, agent, position, wait)
+
+    def _unserved(self, agent: str) -> str | None:
+        """Why ``agent`` looks unknown: no worker ever served it on this prefix,
+        not even within ``SERVED_GRACE_SECONDS`` (a worker may be starting)."""
+        deadline = time.monotonic() + SERVED_GRACE_SECONDS
+        while self._book.agent(agent) is None:
+            if time.monotonic() >= deadline:
+                served = sorted({w.agent for w in self._book.workers()})
+                return (
+                    f"no worker has served agent {agent!r} on this prefix "
+                    f"({self.settings.kafka.topic_prefix}); served: "
+                    f"{', '.join(served) or 'none yet'}. Start a worker for it, or "
+                    "queue the start anyway (--queue)"
+                )
+            time.sleep(0.2)
+        return None
 
     def _plain_to_encrypted(self, agent: str) -> str | None:
         """Why this client may not send ``agent`` an input: the agent encrypts its

@@ -69,19 +69,32 @@ def _report(result: CommandResult, quiet_applied: bool = False) -> None:
     help="The run's input as JSON; @FILE reads it from a file, - from stdin.",
 )
 @click.option("--run-id", default=None, help="Default: a new UUID.")
+@click.option(
+    "--queue",
+    is_flag=True,
+    help="Send the start even if no worker has served AGENT yet (it waits for "
+    "one); without it such a start is refused, naming the served agents.",
+)
 @wait_options
 @output_option
-def start_run(
+def start_run(  # noqa: PLR0917 - click passes options positionally
     agent: str,
     input_json: str,
     run_id: str | None,
+    queue: bool,
     wait_seconds: float,
     no_wait: bool,
 ) -> None:
     """Start a run of AGENT; prints the run id, then what became of the start."""
     input_json = _require_json(input_json, "--input")
     with client() as c:
-        result = c.start(agent, input_json, run_id, wait=0 if no_wait else wait_seconds)
+        result = c.start(
+            agent,
+            input_json,
+            run_id,
+            wait=0 if no_wait else wait_seconds,
+            unserved="queue" if queue else "refuse",
+        )
     if not machine() and result.status != "refused":
         click.echo(result.run_id)
     _report(result, quiet_applied=True)

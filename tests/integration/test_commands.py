@@ -69,15 +69,22 @@ def _status(env: dict[str, str], run_id: str) -> dict[str, object]:
 
 def test_every_command_gets_its_verdict(env: dict[str, str]) -> None:  # noqa: PLR0915
     pending = f"run-{uuid.uuid4().hex[:8]}"
-    # A start for an agent no worker serves waits for one: queued, and pending.
-    done = cli(env, "start", "nobody", "--run-id", pending)
+    # A start for an agent no worker ever served is refused (a typo is not queued
+    # forever), naming the served agents; nothing was sent.
+    typo = cli(env, "start", "nobdy", "--run-id", f"{pending}-typo")
+    assert typo.returncode == 1, typo.stderr
+    assert "no worker has served agent 'nobdy'" in typo.stderr
+    assert "--queue" in typo.stderr
+    assert cli(env, "status", f"{pending}-typo").returncode == 3
+    # With --queue it waits for one: queued, and pending.
+    done = cli(env, "start", "nobody", "--run-id", pending, "--queue")
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == pending
     assert "queued" in done.stderr
     assert "no worker serves agent 'nobody'" in done.stderr
     assert _status(env, pending)["status"] == "pending"
     # The same id again, even for another agent: refused at once.
-    done = cli(env, "start", "research", "--run-id", pending)
+    done = cli(env, "start", "research", "--run-id", pending, "--queue")
     assert done.returncode == 1
     assert f"run {pending} is already pending" in done.stderr
     # A pending run can be cancelled: queued until its worker comes.

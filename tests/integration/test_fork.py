@@ -53,7 +53,7 @@ def test_a_fork_keeps_the_prefix_and_makes_its_own_effects(
     env: dict[str, str], tickets_url: str
 ) -> None:
     origin = f"origin-{uuid.uuid4().hex[:6]}"
-    started = cli(env, "start", "research", "--run-id", origin, "--no-wait")
+    started = cli(env, "start", "research", "--queue", "--run-id", origin, "--no-wait")
     assert started.returncode == 0, started.stderr[-2000:]
     assert run_worker(env, agent=AGENT).returncode == 0  # to the ticket's gate
     before = _read(env, origin)
@@ -119,7 +119,10 @@ def test_forks_that_cannot_be_made_are_refused_with_the_reason(
 ) -> None:
     origin = f"origin-{uuid.uuid4().hex[:6]}"
     assert (
-        cli(env, "start", "research", "--run-id", origin, "--no-wait").returncode == 0
+        cli(
+            env, "start", "research", "--queue", "--run-id", origin, "--no-wait"
+        ).returncode
+        == 0
     )
     assert run_worker(env, agent=AGENT).returncode == 0
     assert cli(env, "approve", origin, "--by", "alice", "--no-wait").returncode == 0

@@ -331,7 +331,9 @@ def test_the_projector_and_the_cli_on_the_postgres_store(
     pg: tuple[Settings, dict[str, str]],
 ) -> None:
     _, env = pg
-    started = cli(env, "start", "research", "--input", '{"topic": "pg"}', "--no-wait")
+    started = cli(
+        env, "start", "research", "--input", '{"topic": "pg"}', "--no-wait", "--queue"
+    )
     assert started.returncode == 0, started.stderr
     run_id = started.stdout.strip()
     assert run_worker(env, agent="tests.agents:gated").returncode == 0

@@ -27,7 +27,13 @@ def test_replay_tells_the_run_and_checks_the_projection(
     env: dict[str, str], database_url: str
 ) -> None:
     started = cli(
-        env, "start", "research", "--input", '{"topic": "audit"}', "--no-wait"
+        env,
+        "start",
+        "research",
+        "--queue",
+        "--input",
+        '{"topic": "audit"}',
+        "--no-wait",
     )
     assert started.returncode == 0, started.stderr
     run_id = started.stdout.strip()

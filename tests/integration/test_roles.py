@@ -85,7 +85,9 @@ def test_each_role_does_its_job_and_nothing_else(
     def as_(role: str) -> dict[str, str]:
         return {**env, "ES_AGENTS_DATABASE_URL": url[role]}
 
-    started = cli(as_("client"), "start", "research", "--input", "{}", "--no-wait")
+    started = cli(
+        as_("client"), "start", "research", "--queue", "--input", "{}", "--no-wait"
+    )
     assert started.returncode == 0, started.stderr[-2000:]
     run = started.stdout.strip()
     worked = run_worker(as_("worker"), agent="tests.agents:gated")

@@ -280,7 +280,7 @@ def test_worker_refuses_a_bad_command_to_the_dlq_and_changes_nothing(
 def test_an_approval_sent_before_the_gate_is_kept_and_applied(
     env: dict[str, str], kafka_settings: KafkaSettings
 ) -> None:
-    started = cli(env, "start", "research", "--input", '{"topic": "early"}')
+    started = cli(env, "start", "research", "--queue", "--input", '{"topic": "early"}')
     assert started.returncode == 0, started.stderr
     run_id = started.stdout.strip()
     early = cli(env, "approve", run_id, "--by", "ann", "--gate", "create_ticket")

@@ -144,7 +144,9 @@ def test_worker_projector_and_cli_over_sasl_scram_and_tls(
         "ES_AGENTS_CONNECT_TIMEOUT": "5",
     }
     assert cli(env, "topics", "-o", "json").returncode == 0
-    started = cli(env, "start", "research", "--input", '{"topic": "tls"}', "--no-wait")
+    started = cli(
+        env, "start", "research", "--input", '{"topic": "tls"}', "--no-wait", "--queue"
+    )  # before any worker: queued for the one that comes
     assert started.returncode == 0, started.stderr[-2000:]
     run = started.stdout.strip()
     worked = run_worker(env, agent="tests.agents:gated")

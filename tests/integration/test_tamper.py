@@ -111,6 +111,7 @@ def test_replay_and_audit_catch_each_tampering(
             env,
             "start",
             "research",
+            "--queue",
             "--run-id",
             run_id,
             "--input",

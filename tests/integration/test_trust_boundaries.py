@@ -69,7 +69,15 @@ def _paused_pair(env: dict[str, str], tag: str) -> tuple[str, str]:
     runs = (f"trust-{tag}-a", f"trust-{tag}-b")
     for run_id in runs:
         started = cli(
-            env, "start", "research", "--run-id", run_id, "--input", "{}", "--no-wait"
+            env,
+            "start",
+            "research",
+            "--run-id",
+            run_id,
+            "--input",
+            "{}",
+            "--no-wait",
+            "--queue",
         )
         assert started.returncode == 0, started.stderr[-2000:]
     assert run_worker(env, agent=GATED).returncode == 0
@@ -200,6 +208,7 @@ def test_an_input_over_the_limit_is_refused_and_frees_its_run_id(
         "--input",
         f"@{small}",
         "--no-wait",
+        "--queue",
     )
     assert started.returncode == 0, started.stdout + started.stderr
     assert "queued" in started.stdout + started.stderr

@@ -114,7 +114,10 @@ def test_the_wheel_serves_a_users_agent(
     assert str(site) in where  # from the wheel, not the repo
     assert "worker" in _run(venv, project, run_env, "--help")
     run_id = f"wheel-{uuid.uuid4().hex[:8]}"
-    _run(venv, project, run_env, "start", "publisher", "--run-id", run_id, "--no-wait")
+    _run(
+        venv, project, run_env, "start", "publisher", "--run-id", run_id, "--no-wait",
+        "--queue",
+    )  # fmt: skip
     _run(venv, project, run_env, "worker", "--agent", "publisher:agent", "--until-idle")
     paused = json.loads(_run(venv, project, run_env, "status", run_id, "--json"))
     assert (paused["status"], paused["gate"]) == ("paused", "publish")
