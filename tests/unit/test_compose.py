@@ -50,3 +50,19 @@ def test_the_cluster_profile_has_three_replicated_brokers() -> None:
         assert 'profiles: ["cluster"]' in node
         assert f"KAFKA_NODE_ID: {n}" in node
         assert "healthcheck:" in node
+
+
+def test_kafka_keeps_its_log_on_the_volume_and_services_restart() -> None:
+    services = _services()
+    for name in ("kafka", "kafka-1", "kafka-2", "kafka-3"):
+        node = services[name]
+        mount = re.search(r"- (\S+):(/\S+)\n", node)
+        assert mount, name
+        if name == "kafka":
+            assert f"KAFKA_LOG_DIRS: {mount.group(2)}" in node, name
+        else:  # from the cluster's shared environment
+            assert f"KAFKA_LOG_DIRS: {mount.group(2)}" in COMPOSE.split("services:")[0]
+    for name, body in services.items():
+        if name != "s3-bucket":  # a one-off job
+            assert "restart: unless-stopped" in body, name
+    assert 'profiles: ["app"]' in services["ui"]
