@@ -20,6 +20,7 @@ _LAZY = {
     "fold": "es_agents.core",
     "replay": "es_agents.core",
     "ApprovalPolicy": "es_agents.core.approvals",
+    "Budget": "es_agents.core.budget",
     "SigningKey": "es_agents.approvals",
     "Forbidden": "es_agents.errors",
     "AsyncClient": "es_agents.async_client",
@@ -38,6 +39,7 @@ __all__ = [
     "ApprovalPolicy",
     "AsyncClient",
     "AvroCodec",
+    "Budget",
     "Client",
     "Command",
     "CommandResult",
@@ -65,6 +67,7 @@ if TYPE_CHECKING:
     from es_agents.codec import AvroCodec, SchemaCatalog
     from es_agents.core import Command, Event, RunState, fold, replay
     from es_agents.core.approvals import ApprovalPolicy
+    from es_agents.core.budget import Budget
     from es_agents.errors import EsAgentsError, Forbidden, NotFound, Unavailable
     from es_agents.settings import KafkaSettings, Settings, load_settings
 

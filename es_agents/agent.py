@@ -20,6 +20,7 @@ from typing import Any, Protocol
 from pydantic import JsonValue
 
 from es_agents.core.approvals import ApprovalPolicy
+from es_agents.core.budget import Budget
 from es_agents.core.events import ToolCall
 from es_agents.core.state import RunState
 from es_agents.core.step import (
@@ -65,6 +66,8 @@ class ToolAgent:
     migrations: list[StateMigration] = field(default_factory=list)
     # Payloads written encrypted under a per-run data key (es_agents.vault).
     encrypted: bool = False
+    # How far one run may go: model calls, tokens, steps, seconds (core.budget).
+    budget: Budget = field(default_factory=Budget)
 
     @property
     def tools(self) -> Mapping[str, Tool[Any]]:

@@ -12,7 +12,8 @@ from typing import Protocol
 
 class Telemetry(Protocol):
     """What workers and the projector report as metrics; nothing by default.
-    Kinds of step: model, tool, patch, interrupt, finish, fail, reconcile."""
+    Kinds of step: model, tool, tools, patch, interrupt, finish, fail, budget (a
+    run stopped by its budget), reconcile."""
 
     def step(self, agent: str, kind: str, seconds: float) -> None: ...
 

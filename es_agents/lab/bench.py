@@ -32,6 +32,7 @@ from es_agents.agent import Agent, ToolAgent
 from es_agents.app import build_ports, build_projector, build_worker, ensure_topics
 from es_agents.codec import AvroCodec
 from es_agents.core import RunState, replay
+from es_agents.core.budget import Budget
 from es_agents.core.commands import Approve, StartRun
 from es_agents.core.events import Event, Interrupted, RunStarted, StatePatched
 from es_agents.core.step import CallTool, Finish, Interrupt, Step
@@ -68,6 +69,7 @@ def chat_agent(steps: int) -> ToolAgent:
         system_prompt="Call noop until told to stop.",
         model=ScriptedModel(script, model_id="scripted-bench"),
         tool_list=[noop],
+        budget=Budget.unlimited(),  # runs as long as the bench asks
     )
 
 

@@ -33,6 +33,7 @@ from pydantic import BaseModel, JsonValue
 
 from es_agents.agent import ToolAgent
 from es_agents.app import build_ports, build_projector, build_worker
+from es_agents.core.budget import Budget
 from es_agents.core.commands import Approve, StartRun
 from es_agents.core.state import RunState
 from es_agents.core.step import Interrupt, Step
@@ -103,6 +104,7 @@ def _chat(steps: int) -> ToolAgent:
         system_prompt="Jot a note on every turn.",
         model=ScriptedModel(script, model_id="scripted-chat"),
         tool_list=[jot],
+        budget=Budget.unlimited(),  # runs as long as the bench asks
     )
 
 
@@ -114,6 +116,7 @@ def _research(calls: int) -> ToolAgent:
         system_prompt="Fetch a page per turn, then summarize.",
         model=ScriptedModel(script, model_id="scripted-research"),
         tool_list=[fetch_page],
+        budget=Budget.unlimited(),  # runs as long as the bench asks
     )
 
 

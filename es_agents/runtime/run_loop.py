@@ -19,9 +19,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from es_agents import lifecycle
+from es_agents.core.budget import BUDGET_EXCEEDED, DEFAULT_BUDGET, Budget
 from es_agents.core.chain import GENESIS, Sealed
 from es_agents.core.commands import (
     Approve,
@@ -401,6 +403,14 @@ class RunLoop:
             await effects.reconcile(self, state, pending)
             return "reconcile"
         step = self._plan(state)
+        if pending is None and isinstance(step, CallModel | CallTool | CallTools):
+            budget: Budget = getattr(self.agent, "budget", DEFAULT_BUDGET)
+            now = datetime.now(UTC)
+            why = budget.over(state, now, model=isinstance(step, CallModel))
+            if why is not None:
+                self.add(RunFailed, error=why, kind=BUDGET_EXCEEDED)
+                await self.flush()
+                return "budget"  # es_agents_steps{kind="budget"}
         if isinstance(pending, PendingModelCall):
             if not isinstance(step, CallModel):
                 raise EsAgentsError(
