@@ -1,4 +1,5 @@
-"""Running the system: ``topics``, ``migrate``, ``worker``, ``projector``."""
+"""Running the system: ``topics``, ``migrate``, ``worker``, ``projector`` and
+``serve`` (a worker and a projector, supervised)."""
 
 from __future__ import annotations
 
@@ -130,6 +131,37 @@ def worker(  # noqa: PLR0917 - click passes options positionally
         err=True,
     )
     w.run()
+
+
+@cli.command()
+@click.option("--agent", "agent_spec", required=True, help="module:attr of the agent.")
+@click.option(
+    "--no-projector",
+    is_flag=True,
+    help="The worker only (a projector runs elsewhere).",
+)
+@click.option(
+    "--instance-id",
+    default=None,
+    help="Static group membership for the worker (WORKER) and the projector "
+    "(WORKER-projector).",
+)
+def serve(agent_spec: str, no_projector: bool, instance_id: str | None) -> None:
+    """A worker for AGENT and a projector, kept running: each restarts after it
+    lost Kafka or Postgres (with a backoff), everything stops on a configuration
+    error or SIGTERM. One line per change of state."""
+    import logging  # noqa: PLC0415
+
+    from es_agents.log_format import configure  # noqa: PLC0415
+    from es_agents.supervisor import Supervisor, cli_child  # noqa: PLC0415
+
+    configure(logging.INFO)
+    member = ["--instance-id", instance_id] if instance_id else []
+    children = [cli_child("worker", ["worker", "--agent", agent_spec, *member])]
+    if not no_projector:
+        own = ["--instance-id", f"{instance_id}-projector"] if instance_id else []
+        children.append(cli_child("projector", ["projector", *own]))
+    sys.exit(Supervisor(children).run())
 
 
 @cli.command()
