@@ -11,6 +11,7 @@ and the log beyond the projector's offset; nothing scans a topic from its start.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterable
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, TypeVar
 
-from pydantic import ConfigDict, SerializeAsAny, SkipValidation
+from pydantic import BaseModel, ConfigDict, SerializeAsAny, SkipValidation
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from es_agents.approvals import SigningKey
@@ -37,7 +38,12 @@ from es_agents.core.fold import fold
 from es_agents.core.state import RunState
 from es_agents.core.step import Refused, decide, start
 from es_agents.dead_letters import DeadLetter, read_dead_letters
-from es_agents.errors import EsAgentsError, NotFound, PayloadUnavailable
+from es_agents.errors import (
+    EsAgentsError,
+    InvalidInput,
+    NotFound,
+    PayloadUnavailable,
+)
 from es_agents.ports import (
     Decided,
     Ports,
@@ -125,6 +131,26 @@ class RunView:
     payload_problem: str | None = None  # a claim-checked payload that did not load
 
 
+def as_json(value: object, what: str) -> str:
+    """``value`` as JSON text: a string is taken as JSON text (and must parse), a
+    pydantic model as its JSON, anything else must be a JSON value."""
+    if isinstance(value, BaseModel):
+        return value.model_dump_json()
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError as e:
+            raise InvalidInput(
+                f"{what} is not JSON text ({e}); pass json.dumps(...) of a string "
+                "meant as a JSON string"
+            ) from e
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise InvalidInput(f"{what} is not a JSON value: {e}") from e
+
+
 class Client:
     """One per application: a producer, a reader and a small Postgres pool."""
 
@@ -163,7 +189,7 @@ class Client:
     def start(
         self,
         agent: str,
-        input_json: str = "{}",
+        input_json: object = "{}",
         run_id: str | None = None,
         wait: float = 10.0,
         *,
@@ -171,14 +197,18 @@ class Client:
     ) -> CommandResult:
         """Start a run of ``agent``; refused at once if ``run_id`` is taken.
 
+        ``input_json``: JSON text, or any JSON value (dict, list, number, ...), or a
+        pydantic model (its JSON); anything else raises ``InvalidInput``.
+
         ``unserved``: what to do when no worker has ever served ``agent`` on this
         prefix -- queue the start for a worker to come (the default), or refuse it
         (after ``SERVED_GRACE_SECONDS`` for a worker that is starting), naming the
         agents that are served: a mistyped name is not queued forever."""
+        text = as_json(input_json, "the run's input")
         self._check_topics()
         run_id = run_id or str(uuid.uuid4())
         command = StartRun(
-            run_id=run_id, agent=agent, input_json=self._seal(run_id, input_json)
+            run_id=run_id, agent=agent, input_json=self._seal(run_id, text)
         )
         too_large = self._too_large(command)
         if too_large is not None:
@@ -343,9 +373,11 @@ class Client:
         return self.send(signed, wait)
 
     def provide_input(
-        self, run_id: str, by: str, input_json: str, wait: float = 10.0
+        self, run_id: str, by: str, input_json: object, wait: float = 10.0
     ) -> CommandResult:
-        sealed = self._seal(run_id, input_json)
+        """Give a run waiting for input its input: JSON text, a JSON value or a
+        pydantic model, as for ``start``."""
+        sealed = self._seal(run_id, as_json(input_json, "the input"))
         command = ProvideInput(run_id=run_id, by=by, input_json=sealed)
         too_large = self._too_large(command)
         if too_large is not None:

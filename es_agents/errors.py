@@ -86,6 +86,11 @@ class ModelError(EsAgentsError):
     request cannot help."""
 
 
+class InvalidInput(EsAgentsError, ValueError):
+    """An input that is not JSON (a run's input, the input given to a paused run);
+    nothing was sent."""
+
+
 class OversizedEvent(EsAgentsError):
     """An event larger than the log accepts; nothing of its batch was appended."""
 
