@@ -38,7 +38,9 @@ class Budget:
             if value is not None and value <= 0:
                 raise ValueError(f"Budget.{name} must be positive or None: {value}")
 
-    def over(self, state: RunState, now: datetime, *, model: bool = True) -> str | None:
+    def over(
+        self, state: RunState, now: datetime | None, *, model: bool = True
+    ) -> str | None:
         """Why ``state`` may not take its next call, or None while within limits.
         ``model``: the call is a model call (model calls and tokens limit those
         only: the tool calls a model asked for within the budget still run)."""
@@ -51,13 +53,15 @@ class Budget:
         for what, limit, used in checks:
             if limit is not None and used >= limit:
                 return f"budget exceeded: {used:g} {what} of at most {limit:g}"
-        if self.max_seconds is not None and state.started_at is not None:
-            took = (now - state.started_at).total_seconds()
-            if took >= self.max_seconds:
-                return (
-                    f"budget exceeded: {took:.0f} s since the start of at most "
-                    f"{self.max_seconds:g} s"
-                )
+        limit_s, started = self.max_seconds, state.started_at
+        if limit_s is None or now is None or started is None:
+            return None  # ``now``: None when the caller has no time limit to check
+        took = (now - started).total_seconds()
+        if took >= limit_s:
+            return (
+                f"budget exceeded: {took:.0f} s since the start of at most "
+                f"{limit_s:g} s"
+            )
         return None
 
 

@@ -405,7 +405,8 @@ class RunLoop:
         step = self._plan(state)
         if pending is None and isinstance(step, CallModel | CallTool | CallTools):
             budget: Budget = getattr(self.agent, "budget", DEFAULT_BUDGET)
-            now = datetime.now(UTC)
+            # The clock only for a time limit: this runs before every call.
+            now = datetime.now(UTC) if budget.max_seconds is not None else None
             why = budget.over(state, now, model=isinstance(step, CallModel))
             if why is not None:
                 self.add(RunFailed, error=why, kind=BUDGET_EXCEEDED)

@@ -172,8 +172,18 @@ class _Pages:
         return self.page(request, "_run_body.html", context)
 
     async def approval_box(self, request: Request) -> Response:
-        context = await self._run(request.path_params["run_id"])
-        if request.query_params.get("seen") == context.get("approval_key"):
+        # Polled every second: the run's status only (not its events), enough to
+        # tell whether what waits changed.
+        run_id = request.path_params["run_id"]
+        try:
+            view = await _call(self.client.status, run_id)
+        except NotFound:
+            context: dict[str, Any] = {"run_id": run_id, "approval_key": "missing"}
+        else:
+            awaiting = _awaiting(view)
+            key = _approval_key(view, awaiting)
+            context = {"run_id": run_id, "awaiting": awaiting, "approval_key": key}
+        if request.query_params.get("seen") == context["approval_key"]:
             return Response(status_code=204)  # unchanged: the form stays as it is
         return self.page(request, "_approval.html", context)
 
