@@ -439,20 +439,15 @@ class Client:
         return self._await(command, state.agent, position, wait)
 
     def _applied_or_pending(self, run_id: str) -> RunState | None:
+        verdicts = self._book.for_run(run_id)  # before the log: see status()
         # Deciding needs no payloads: claim-checked ones stay in the object store.
         state = self._loader.load(run_id, restore=False).state
         if state is not None:
             return state
-        pending = self._pending_start(run_id)
+        pending = _pending_start(run_id, verdicts)
         if pending is None:
             return None
         return fold(RunState(run_id=run_id), start(pending))
-
-    def _pending_start(self, run_id: str) -> StartRun | None:
-        for v in self._book.for_run(run_id):
-            if v.type == StartRun.wire_name and v.status == "sent" and v.agent:
-                return StartRun(run_id=run_id, agent=v.agent, command_id=v.command_id)
-        return None
 
     def _gate_refusal(self, state: RunState, command: Command) -> str | None:
         if not isinstance(command, Approve | Reject) or command.gate is None:
@@ -512,12 +507,16 @@ class Client:
         """The run as applied, or ``pending`` when its start waits for a worker.
         A claim-checked payload that cannot be read back is reported, not raised."""
         unreadable: str | None = None
+        # The verdicts before the log: a worker records a start as applied only
+        # after its run_started is acknowledged, so a start seen as "sent" here and
+        # applied a moment later is in the log the loader reads next. The other
+        # order lost a run started between the two reads (neither pending nor found).
+        verdicts = self._book.for_run(run_id)
         try:
             loaded = self._loader.load(run_id)
         except PayloadUnavailable as e:
             unreadable = str(e)
             loaded = self._loader.load(run_id, restore=False)
-        verdicts = self._book.for_run(run_id)
         refused = [v for v in verdicts if v.status == "refused"]
         dead = self._dead_letters(run_id)
         state = loaded.state
@@ -537,7 +536,7 @@ class Client:
                 },
                 unreadable,
             )
-        pending = self._pending_start(run_id)
+        pending = _pending_start(run_id, verdicts)
         if pending is not None:
             return RunView(run_id, "pending", pending.agent, None, refused, dead)
         if refused:
@@ -641,3 +640,11 @@ class Client:
 
     def _dead_letters(self, run_id: str) -> list[tuple[str, int, int, str]]:
         return self._ports.projections.dead_letters(run_id)
+
+
+def _pending_start(run_id: str, verdicts: list[Verdict]) -> StartRun | None:
+    """The run's start when it was sent and no worker has applied it yet."""
+    for v in verdicts:
+        if v.type == StartRun.wire_name and v.status == "sent" and v.agent:
+            return StartRun(run_id=run_id, agent=v.agent, command_id=v.command_id)
+    return None
