@@ -27,6 +27,7 @@ _LAZY = {
     "Client": "es_agents.client",
     "CommandResult": "es_agents.client",
     "RunView": "es_agents.client",
+    "Reply": "es_agents.client",
     "EsAgentsError": "es_agents.errors",
     "NotFound": "es_agents.errors",
     "Unavailable": "es_agents.errors",
@@ -48,6 +49,7 @@ __all__ = [
     "Forbidden",
     "KafkaSettings",
     "NotFound",
+    "Reply",
     "RunState",
     "RunView",
     "SchemaCatalog",
@@ -63,7 +65,7 @@ __all__ = [
 if TYPE_CHECKING:
     from es_agents.approvals import SigningKey
     from es_agents.async_client import AsyncClient
-    from es_agents.client import Client, CommandResult, RunView
+    from es_agents.client import Client, CommandResult, Reply, RunView
     from es_agents.codec import AvroCodec, SchemaCatalog
     from es_agents.core import Command, Event, RunState, fold, replay
     from es_agents.core.approvals import ApprovalPolicy

@@ -22,7 +22,7 @@ from pydantic import JsonValue
 from es_agents.core.approvals import ApprovalPolicy
 from es_agents.core.budget import Budget
 from es_agents.core.events import ToolCall
-from es_agents.core.state import RunState
+from es_agents.core.state import AWAITING_MESSAGE, RunState
 from es_agents.core.step import (
     CallModel,
     CallTool,
@@ -66,8 +66,12 @@ class ToolAgent:
     migrations: list[StateMigration] = field(default_factory=list)
     # Payloads written encrypted under a per-run data key (es_agents.vault).
     encrypted: bool = False
-    # How far one run may go: model calls, tokens, steps, seconds (core.budget).
+    # How far one run may go: model calls, tokens, steps, seconds, turns
+    # (core.budget).
     budget: Budget = field(default_factory=Budget)
+    # A thread: after a reply the run waits for the next message (send_message)
+    # instead of completing; the next turn continues the same transcript.
+    conversational: bool = False
 
     @property
     def tools(self) -> Mapping[str, Tool[Any]]:
@@ -133,7 +137,18 @@ class ToolAgent:
             return _call_tool(call)
         last = state.transcript[-1] if state.transcript else None
         if last is not None and last.get("role") == "assistant":
-            return Finish({"answer": last.get("content")})
+            if not self.conversational:
+                return Finish({"answer": last.get("content")})
+            turns = self.budget.max_turns
+            if turns is not None and state.turns >= turns:
+                return Finish(
+                    {
+                        "answer": last.get("content"),
+                        "turns": state.turns,
+                        "ended": "turns",
+                    }
+                )
+            return Interrupt(reason=AWAITING_MESSAGE, detail={"turn": state.turns})
         return CallModel(
             self.messages(state),
             dict(self.params),

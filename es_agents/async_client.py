@@ -17,6 +17,7 @@ from es_agents.client import (
     SIGNED_FOR,
     Client,
     CommandResult,
+    Reply,
     RunView,
     Waiting,
 )
@@ -102,6 +103,18 @@ class AsyncClient:
         return await asyncio.to_thread(
             self.sync.provide_input, run_id, by, input_json, wait
         )
+
+    async def send_message(
+        self, run_id: str, text: str, by: str, wait: float = 10.0, *, end: bool = False
+    ) -> CommandResult:
+        return await asyncio.to_thread(
+            lambda: self.sync.send_message(run_id, text, by, wait, end=end)
+        )
+
+    async def say(
+        self, run_id: str, text: str, by: str, timeout: float = 120.0
+    ) -> Reply:
+        return await asyncio.to_thread(self.sync.say, run_id, text, by, timeout)
 
     async def cancel(
         self, run_id: str, by: str, reason: str | None = None, wait: float = 10.0

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, SerializeAsAny, SkipValidation
+from pydantic import BaseModel, ConfigDict, JsonValue, SerializeAsAny, SkipValidation
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from es_agents.approvals import SigningKey
@@ -31,12 +31,13 @@ from es_agents.core.commands import (
     ForkRun,
     ProvideInput,
     Reject,
+    SendMessage,
     StartRun,
 )
 from es_agents.core.events import Event
 from es_agents.core.fold import fold
 from es_agents.core.state import RunState
-from es_agents.core.step import Refused, decide, start
+from es_agents.core.step import Refused, decide, last_reply, start
 from es_agents.dead_letters import DeadLetter, read_dead_letters
 from es_agents.errors import (
     EsAgentsError,
@@ -129,6 +130,19 @@ class RunView:
     dead_letters: list[tuple[str, int, int, str]] = field(default_factory=list)
     loaded_from: dict[str, int | None] = field(default_factory=dict)
     payload_problem: str | None = None  # a claim-checked payload that did not load
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A thread's answer: to which message (``turn``), its text, the run's status
+    after it and why it waits (``awaiting_message``: for the next message;
+    ``awaiting_approval``: a tool call the answer asked for needs a decision)."""
+
+    run_id: str
+    turn: int
+    text: JsonValue
+    status: str
+    waiting: str | None = None
 
 
 def as_json(value: object, what: str) -> str:
@@ -384,6 +398,57 @@ class Client:
             return CommandResult(command, "refused", too_large)
         return self.send(command, wait)
 
+    def send_message(
+        self,
+        run_id: str,
+        text: str,
+        by: str,
+        wait: float = 10.0,
+        *,
+        end: bool = False,
+    ) -> CommandResult:
+        """The next user message of a thread (a conversational run waiting for
+        one); ``end=True`` (no text): the thread ends with its last reply."""
+        command = SendMessage(
+            run_id=run_id, by=by, text=self._seal(run_id, text) if text else "", end=end
+        )
+        too_large = self._too_large(command)
+        if too_large is not None:
+            return CommandResult(command, "refused", too_large)
+        return self.send(command, wait)
+
+    def say(self, run_id: str, text: str, by: str, timeout: float = 120.0) -> Reply:
+        """Send a thread its next message and wait for the answer to it (the run
+        waits for the next message again, or ended). Raises ``Refused`` with the
+        reason when the message is refused, ``TimeoutError`` past ``timeout``."""
+        before = self._applied_or_pending(run_id)
+        turn = (before.turns if before is not None else 0) + 1
+        result = self.send_message(run_id, text, by, wait=timeout)
+        if result.status == "refused":
+            raise Refused(result.reason or "refused")
+        return self.wait_reply(run_id, turn, timeout)
+
+    def wait_reply(self, run_id: str, turn: int, timeout: float = 120.0) -> Reply:
+        """The thread's answer to its message number ``turn`` (1: the first after
+        the input; 0: the answer to the input), once the run stopped working on it."""
+        waiting = Waiting(run_id, frozenset(FINISHED_OR_WAITING), timeout)
+        while True:
+            view = self.status(run_id)
+            state = view.state
+            if (
+                state is not None
+                and state.turns >= turn
+                and view.status in waiting.wanted
+            ):
+                why = state.waiting.reason if state.waiting is not None else None
+                return Reply(run_id, state.turns, last_reply(state), view.status, why)
+            if time.monotonic() > waiting.deadline:
+                raise TimeoutError(
+                    f"run {run_id}: no answer to message {turn} within "
+                    f"{timeout:g} s (it is {view.status})"
+                )
+            time.sleep(waiting.pause())
+
     def _seal(self, run_id: str, text: str) -> str:
         return self._cipher.encrypt_text(run_id, text) if self._seals else text
 
@@ -556,7 +621,13 @@ class Client:
     ) -> list[dict[str, object]]:
         """Runs from the ``runs`` table (as of the projector), latest first: of one
         status, of one agent, updated at or after ``since`` (each when given)."""
-        return self._ports.projections.runs(status, limit, agent=agent, since=since)
+        rows = self._ports.projections.runs(status, limit, agent=agent, since=since)
+        for row in rows:  # a thread's last message, readable with the run's key
+            if row.get("last_message"):
+                row["last_message"] = self.reveal(
+                    str(row["run_id"]), row["last_message"]
+                )
+        return rows
 
     def wait(
         self,

@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from es_agents.core.events import (
     Event,
+    MessageReceived,
     ModelResponded,
     PayloadClaim,
     Resumed,
@@ -33,6 +34,7 @@ FIELDS: dict[type[Event], tuple[str, ...]] = {
     ToolCallRequested: ("args_json",),
     ToolReturned: ("result_json",),
     Resumed: ("input_json",),
+    MessageReceived: ("text",),
     RunCompleted: ("output_json",),
 }
 

@@ -30,7 +30,14 @@ from typing import Any
 
 import pytest
 
-from es_agents.core.commands import Approve, Cancel, ProvideInput, Reject, StartRun
+from es_agents.core.commands import (
+    Approve,
+    Cancel,
+    ProvideInput,
+    Reject,
+    SendMessage,
+    StartRun,
+)
 from es_agents.core.events import Event
 from es_agents.core.fold import replay
 from es_agents.core.state import RunState
@@ -109,6 +116,11 @@ class AgentHarness:
 
     def provide_input(self, run_id: str, input_json: str, by: str = "tester") -> None:
         self.ports.log.send(ProvideInput(run_id=run_id, by=by, input_json=input_json))
+
+    def send_message(
+        self, run_id: str, text: str, by: str = "tester", *, end: bool = False
+    ) -> None:
+        self.ports.log.send(SendMessage(run_id=run_id, by=by, text=text, end=end))
 
     def cancel(self, run_id: str, by: str = "tester") -> None:
         self.ports.log.send(Cancel(run_id=run_id, by=by))

@@ -31,6 +31,7 @@ from pydantic import BaseModel
 from es_agents.core.events import (
     Event,
     Interrupted,
+    MessageReceived,
     ModelResponded,
     Resumed,
     RunCompleted,
@@ -55,6 +56,7 @@ FIELDS: dict[type[Event], tuple[str, ...]] = {
     ToolCallRequested: ("args_json",),
     ToolReturned: ("result_json",),
     Resumed: ("input_json",),
+    MessageReceived: ("text",),
     RunCompleted: ("output_json",),
 }
 

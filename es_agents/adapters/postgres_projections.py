@@ -384,7 +384,7 @@ class PostgresProjections:
             cur = conn.execute(
                 "SELECT run_id, agent, status, step, last_seq + 1 AS events, "
                 "waiting_reason, waiting_gate, model_id, prompt_tokens, "
-                "completion_tokens, updated_at FROM runs "
+                "completion_tokens, updated_at, last_message FROM runs "
                 "WHERE (%(status)s::text IS NULL OR status = %(status)s) "
                 "AND (%(agent)s::text IS NULL OR agent = %(agent)s) "
                 "AND (%(since)s::timestamptz IS NULL OR updated_at >= %(since)s) "

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING
 
 import click
 
-from es_agents.cli.base import EXIT_REFUSED, F, cli, emit, machine, output_option
+from es_agents.cli.base import (
+    EXIT_REFUSED,
+    EXIT_UNAVAILABLE,
+    F,
+    cli,
+    emit,
+    machine,
+    output_option,
+)
 
 if TYPE_CHECKING:
     from es_agents.client import Client, CommandResult
@@ -277,6 +285,76 @@ def provide_input(
             run_id, by, input_json, wait=0 if no_wait else wait_seconds
         )
     _report(result)
+
+
+@cli.command()
+@click.argument("run_id")
+@click.argument("text", required=False)
+@click.option("--by", default=None, help="Who sends it.  [default: $USER]")
+@click.option("--end", is_flag=True, help="End the thread with its last reply.")
+@click.option(
+    "--timeout",
+    type=float,
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for the answer.",
+)
+@click.option("--no-wait", is_flag=True, help="Send the message; do not wait.")
+@output_option
+def say(  # noqa: PLR0917 - click passes options positionally
+    run_id: str,
+    text: str | None,
+    by: str | None,
+    end: bool,
+    timeout: float,
+    no_wait: bool,
+) -> None:
+    """Send the thread RUN its next message (TEXT; - reads stdin) and print the
+    answer; --end ends the thread. Exit 1 when refused (e.g. RUN does not wait
+    for a message), 4 when no answer came within --timeout."""
+    import getpass  # noqa: PLC0415
+
+    who = by or getpass.getuser()
+    if text == "-":
+        text = sys.stdin.read()
+    if end == (text is not None):
+        raise click.UsageError("give the message TEXT, or --end (not both)")
+    with client() as c:
+        if end or no_wait:
+            _report(
+                c.send_message(
+                    run_id, text or "", who, wait=0 if no_wait else 10, end=end
+                )
+            )
+            return
+        try:
+            reply = c.say(run_id, text or "", who, timeout=timeout)
+        except TimeoutError as e:
+            click.echo(
+                f"{e}; the message was sent, the answer may still come", err=True
+            )
+            sys.exit(EXIT_UNAVAILABLE)
+    if machine():
+        emit(
+            {
+                "run_id": reply.run_id,
+                "turn": reply.turn,
+                "reply": reply.text,
+                "status": reply.status,
+                "waiting": reply.waiting,
+            }
+        )
+        return
+    if reply.text is not None:  # None: the answer is a tool call (see below)
+        click.echo(
+            reply.text if isinstance(reply.text, str) else json.dumps(reply.text)
+        )
+    if reply.waiting != "awaiting_message":
+        click.echo(
+            f"(run {run_id} is {reply.status}"
+            + (f": {reply.waiting})" if reply.waiting else ")"),
+            err=True,
+        )
 
 
 @cli.command()

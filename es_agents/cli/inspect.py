@@ -279,6 +279,7 @@ def _summary(state: RunState) -> dict[str, object]:
         "model_attempts": state.model_attempts,
         "tool_calls": state.tool_calls,
         "reconciled_calls": state.reconciled_calls,
+        **({"turns": state.turns} if state.thread else {}),
         "tokens": state.prompt_tokens + state.completion_tokens,
         "output": state.output_json,
         "error": state.error,
@@ -397,7 +398,16 @@ def runs(
         emit_many(rows)
         return
     names = list(rows[0]) if rows else ["run_id", "agent", "status"]
+    if any(r.get("last_message") for r in rows):  # threads: their last message
+        rows = [{**r, "last_message": _short(r.get("last_message"))} for r in rows]
+    else:
+        names = [n for n in names if n != "last_message"]
     table(rows, names)
+
+
+def _short(text: object, width: int = 48) -> str:
+    line = " ".join(str(text or "").split())
+    return line if len(line) <= width else line[: width - 1] + "…"
 
 
 @cli.command()

@@ -27,13 +27,22 @@ class Budget:
     max_model_calls: int | None = 1_000
     max_tokens: int | None = 10_000_000
     max_seconds: float | None = None
+    # A thread's user messages after its input (a conversational agent ends the
+    # thread after answering the last one it may take).
+    max_turns: int | None = None
 
     @staticmethod
     def unlimited() -> Budget:
-        return Budget(None, None, None, None)
+        return Budget(None, None, None, None, None)
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "max_model_calls", "max_tokens", "max_seconds"):
+        for name in (
+            "max_steps",
+            "max_model_calls",
+            "max_tokens",
+            "max_seconds",
+            "max_turns",
+        ):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"Budget.{name} must be positive or None: {value}")
@@ -52,7 +61,12 @@ class Budget:
         )
         for what, limit, used in checks:
             if limit is not None and used >= limit:
-                return f"budget exceeded: {used:g} {what} of at most {limit:g}"
+                return f"budget exceeded: {used:,.0f} {what} of at most {limit:,.0f}"
+        turns = self.max_turns
+        if (
+            model and turns is not None and state.turns > turns
+        ):  # the last one is answered
+            return f"budget exceeded: {state.turns:,} turns of at most {turns:,}"
         limit_s, started = self.max_seconds, state.started_at
         if limit_s is None or now is None or started is None:
             return None  # ``now``: None when the caller has no time limit to check

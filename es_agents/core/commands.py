@@ -73,6 +73,17 @@ class ProvideInput(Command):
     input_json: str
 
 
+class SendMessage(Command):
+    """The next user message of a thread (a conversational run waiting with reason
+    ``awaiting_message``); ``end``: the thread ends with its last reply."""
+
+    wire_name: ClassVar[str] = "send_message"
+
+    by: str
+    text: str = ""
+    end: bool = False
+
+
 class Cancel(Command):
     wire_name: ClassVar[str] = "cancel"
 
@@ -89,5 +100,14 @@ class FireTimer(Command):
 
 COMMAND_TYPES: dict[str, type[Command]] = {
     cls.wire_name: cls
-    for cls in (StartRun, ForkRun, Approve, Reject, ProvideInput, Cancel, FireTimer)
+    for cls in (
+        StartRun,
+        ForkRun,
+        Approve,
+        Reject,
+        ProvideInput,
+        SendMessage,
+        Cancel,
+        FireTimer,
+    )
 }

@@ -158,6 +158,17 @@ class Resumed(Event):
     args_hash: str | None = None  # an approval: the arguments it approved
 
 
+class MessageReceived(Event):
+    """A thread's next user message: the paused conversation goes on with it."""
+
+    wire_name: ClassVar[str] = "message_received"
+
+    text: str
+    by: str
+    command_id: str
+    claims: tuple[PayloadClaim, ...] = ()
+
+
 class ApprovalRecorded(Event):
     """An approval counted towards the gate's quorum; the run keeps waiting."""
 
@@ -235,5 +246,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
         Forked,
         ApprovalRecorded,
         DecisionRefused,
+        MessageReceived,
     )
 }

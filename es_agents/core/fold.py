@@ -19,6 +19,7 @@ from es_agents.core.events import (
     Event,
     Forked,
     Interrupted,
+    MessageReceived,
     Migrated,
     ModelCallRequested,
     ModelResponded,
@@ -31,6 +32,7 @@ from es_agents.core.events import (
     ToolReturned,
 )
 from es_agents.core.state import (
+    AWAITING_MESSAGE,
     GATE_PREFIX,
     LastResume,
     PendingModelCall,
@@ -256,6 +258,26 @@ def _(event: Resumed, state: RunState) -> None:
         }
     if event.command_id is not None:
         state.command_ids.add(event.command_id)
+
+
+@_apply.register
+def _(event: MessageReceived, state: RunState) -> None:
+    waiting = state.waiting
+    if (
+        state.status != "paused"
+        or waiting is None
+        or waiting.reason != AWAITING_MESSAGE
+    ):
+        raise FoldError(f"run {state.run_id} does not wait for a message")
+    state.status = "running"
+    state.waiting = None
+    state.turns += 1
+    state.last_outcome_seq = event.seq
+    state.last_resume = LastResume(
+        reason="message", by=event.by, input_json=None, seq=event.seq
+    )
+    state.command_ids.add(event.command_id)
+    state.transcript.append({"role": "user", "content": event.text})
 
 
 @_apply.register

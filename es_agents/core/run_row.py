@@ -34,6 +34,7 @@ RUN_COLUMNS = (
     "updated_at",
     "origin_run",
     "origin_seq",
+    "last_message",
 )
 
 
@@ -67,5 +68,23 @@ def run_row(state: RunState) -> dict[str, object]:
         state.updated_at,
         state.origin_run,
         state.origin_seq,
+        last_message(state) if state.thread else None,
     )
     return dict(zip(RUN_COLUMNS, values, strict=True))
+
+
+def last_message(state: RunState) -> str | None:
+    """A thread's last message with text, the user's or the model's."""
+    transcript = state.transcript
+    try:
+        for i in range(len(transcript) - 1, max(-1, len(transcript) - 4), -1):
+            content = transcript[i].get("content")
+            if (
+                isinstance(content, str)
+                and content
+                and transcript[i].get("role") in ("user", "assistant")
+            ):
+                return content
+    except ValueError:  # a stored transcript this state cannot read
+        return None
+    return None

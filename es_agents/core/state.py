@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import JsonValue
 
@@ -13,6 +13,7 @@ from es_agents.core.transcript import Transcript
 
 RunStatus = Literal["running", "paused", "completed", "failed", "cancelled", "blocked"]
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
+AWAITING_MESSAGE: Final = "awaiting_message"  # a thread between turns
 GATE_PREFIX = "gate:"  # state_patched keys that hold a decision taken ahead of a gate
 
 
@@ -98,6 +99,7 @@ class RunState:
     model_attempts: int = 0
     tool_calls: int = 0
     reconciled_calls: int = 0
+    turns: int = 0  # a thread's user messages after its input (message_received)
     last_resume: LastResume | None = None
     # Decisions taken on a gate before the run reached it ("gate:<name>" patches).
     early_decisions: dict[str, dict[str, JsonValue]] = field(default_factory=dict)
@@ -124,3 +126,10 @@ class RunState:
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL
+
+    @property
+    def thread(self) -> bool:
+        """A conversational run: it waited for, or received, a next message."""
+        return self.turns > 0 or (
+            self.waiting is not None and self.waiting.reason == AWAITING_MESSAGE
+        )

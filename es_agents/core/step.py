@@ -25,18 +25,21 @@ from es_agents.core.commands import (
     ForkRun,
     ProvideInput,
     Reject,
+    SendMessage,
     StartRun,
 )
 from es_agents.core.events import (
     Event,
     Interrupted,
+    MessageReceived,
     Resumed,
+    RunCompleted,
     RunFailed,
     RunStarted,
     StatePatched,
 )
 from es_agents.core.fold import fold
-from es_agents.core.state import GATE_PREFIX, RunState
+from es_agents.core.state import AWAITING_MESSAGE, GATE_PREFIX, RunState
 from es_agents.core.transcript import EMPTY_CHAIN, Conversation, canonical_bytes
 from es_agents.errors import EsAgentsError
 
@@ -83,7 +86,9 @@ class PatchState:
 
 @dataclass(frozen=True)
 class Interrupt:
-    reason: Literal["awaiting_approval", "awaiting_input", "sleeping"]
+    reason: Literal[
+        "awaiting_approval", "awaiting_input", "awaiting_message", "sleeping"
+    ]
     gate: str | None = None
     detail: dict[str, JsonValue] = field(default_factory=dict)
     wake_at: datetime | None = None
@@ -225,6 +230,8 @@ def decide(  # noqa: PLR0912 - one branch per command and verdict
             by=command.by,
             input_json=command.input_json,
         )
+    elif isinstance(command, SendMessage):
+        _decide_message(state, command, out)
     elif isinstance(command, Cancel):
         out.add(
             RunFailed,
@@ -243,6 +250,40 @@ def decide(  # noqa: PLR0912 - one branch per command and verdict
     else:
         raise Refused(f"unknown command {command.wire_name}")
     return out.events
+
+
+def _decide_message(state: RunState, command: SendMessage, out: EventBuilder) -> None:
+    """A thread's next message, or its end (the run completes with its last reply)."""
+    if state.waiting is None or state.waiting.reason != AWAITING_MESSAGE:
+        raise Refused(
+            f"run {state.run_id} is not waiting for a message ({_doing(state)})"
+            + ("" if state.thread else "; it is not a conversational run")
+        )
+    if command.end:
+        if command.text:
+            raise Refused("a message that ends the thread has no text: send it first")
+        out.add(
+            RunCompleted,
+            output_json=canonical_json(
+                {"answer": last_reply(state), "turns": state.turns}
+            ),
+        )
+        return
+    if not command.text.strip():
+        raise Refused("the message is empty")
+    out.add(
+        MessageReceived, text=command.text, by=command.by, command_id=command.command_id
+    )
+
+
+def last_reply(state: RunState) -> JsonValue:
+    """The content of the run's last assistant message (None: there is none)."""
+    transcript = state.transcript
+    for i in range(len(transcript) - 1, max(-1, len(transcript) - 4), -1):
+        message = transcript[i]
+        if message.get("role") == "assistant":
+            return message.get("content")
+    return None
 
 
 def _same_as_applied(state: RunState, command: Command) -> None:

@@ -209,7 +209,7 @@ class _Pages:
     async def decide(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
         action = request.path_params["action"]
-        if action not in ("approve", "reject"):
+        if action not in ("approve", "reject", "message", "end"):
             return _refused(f"no such action: {action}", 404)
         form = await request.form()
         if (why := cross_site(request, _str(form.get("csrf")))) is not None:
@@ -217,9 +217,22 @@ class _Pages:
         by = self.doors.identity(request)
         if by is None:
             return _refused("sign in first", 401)
-        method = self.client.approve if action == "approve" else self.client.reject
         try:
-            result = await _call(method, run_id, by, None, None, 10.0)
+            if action in ("message", "end"):
+                text = _str(form.get("text")) or ""
+                result = await _call(
+                    self.client.send_message,
+                    run_id,
+                    text,
+                    by,
+                    10.0,
+                    end=action == "end",
+                )
+            else:
+                method = (
+                    self.client.approve if action == "approve" else self.client.reject
+                )
+                result = await _call(method, run_id, by, None, None, 10.0)
         except EsAgentsError as e:
             return _refused(f"{type(e).__name__}: {e}", 409)
         return self.page(request, "_verdict.html", {"result": result, "by": by})

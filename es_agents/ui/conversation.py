@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from es_agents.core.events import (
     Event,
+    MessageReceived,
     ModelResponded,
     Resumed,
     RunStarted,
@@ -20,7 +21,7 @@ from es_agents.core.events import (
 
 @dataclass(frozen=True)
 class Turn:
-    who: str  # "input", "model", "tool", "decision"
+    who: str  # "input", "user", "model", "tool", "decision"
     text: str
     step: int
 
@@ -45,6 +46,8 @@ def conversation(events: Sequence[Event]) -> list[Turn]:
             else:
                 text = f"{name} returned {_pretty(e.result_json or 'null')}"
             turns.append(Turn("tool", text, e.step))
+        elif isinstance(e, MessageReceived):
+            turns.append(Turn("user", f"{e.by}: {e.text}", e.step))
         elif isinstance(e, Resumed) and (e.by or e.input_json):
             text = e.reason + (f" by {e.by}" if e.by else "")
             if e.input_json:
