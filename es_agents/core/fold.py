@@ -34,6 +34,7 @@ from es_agents.core.events import (
 from es_agents.core.state import (
     AWAITING_MESSAGE,
     GATE_PREFIX,
+    MESSAGE_IDS_KEPT,
     LastResume,
     PendingModelCall,
     PendingToolCall,
@@ -276,7 +277,7 @@ def _(event: MessageReceived, state: RunState) -> None:
     state.last_resume = LastResume(
         reason="message", by=event.by, input_json=None, seq=event.seq
     )
-    state.command_ids.add(event.command_id)
+    state.message_ids = [*state.message_ids[1 - MESSAGE_IDS_KEPT :], event.command_id]
     state.transcript.append({"role": "user", "content": event.text})
 
 

@@ -115,7 +115,11 @@ def to_snapshot(state: RunState, inline: bool = True) -> dict[str, JsonValue]:
         "model_attempts": state.model_attempts,
         "tool_calls": state.tool_calls,
         "reconciled_calls": state.reconciled_calls,
-        **({"turns": state.turns} if state.turns else {}),
+        **(
+            {"turns": state.turns, "message_ids": list(state.message_ids)}
+            if state.turns
+            else {}
+        ),
         "last_resume": _fields(state.last_resume) if state.last_resume else None,
         "early_decisions": state.early_decisions,  # type: ignore[dict-item]
         "gate_decisions": state.gate_decisions,  # type: ignore[dict-item]
@@ -188,6 +192,7 @@ def from_snapshot(
         tool_calls=data["tool_calls"],
         reconciled_calls=data["reconciled_calls"],
         turns=data.get("turns", 0),
+        message_ids=list(data.get("message_ids", [])),
         last_resume=LastResume(**resume) if resume else None,
         early_decisions=dict(data["early_decisions"]),
         gate_decisions=dict(data.get("gate_decisions", {})),

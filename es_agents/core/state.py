@@ -14,7 +14,10 @@ from es_agents.core.transcript import Transcript
 RunStatus = Literal["running", "paused", "completed", "failed", "cancelled", "blocked"]
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 AWAITING_MESSAGE: Final = "awaiting_message"  # a thread between turns
-GATE_PREFIX = "gate:"  # state_patched keys that hold a decision taken ahead of a gate
+GATE_PREFIX = "gate:"
+# A redelivered command comes back within a few of its run's commands (its offset
+# was not committed yet); a thread keeps the ids of its last messages only.
+MESSAGE_IDS_KEPT = 32  # state_patched keys that hold a decision taken ahead of a gate
 
 
 @dataclass(slots=True)
@@ -100,6 +103,9 @@ class RunState:
     tool_calls: int = 0
     reconciled_calls: int = 0
     turns: int = 0  # a thread's user messages after its input (message_received)
+    # The ids of a thread's last messages (``MESSAGE_IDS_KEPT``), so a redelivered
+    # message changes nothing while snapshots stay flat in the number of turns.
+    message_ids: list[str] = field(default_factory=list)
     last_resume: LastResume | None = None
     # Decisions taken on a gate before the run reached it ("gate:<name>" patches).
     early_decisions: dict[str, dict[str, JsonValue]] = field(default_factory=dict)

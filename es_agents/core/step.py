@@ -200,7 +200,9 @@ def decide(  # noqa: PLR0912 - one branch per command and verdict
         raise Refused(f"{command.wire_name} is applied by the agent's worker")
     if state is None:
         raise Refused(f"unknown run {command.run_id}")
-    if command.command_id in state.command_ids:
+    if command.command_id in state.command_ids or (
+        isinstance(command, SendMessage) and command.command_id in state.message_ids
+    ):
         _same_as_applied(state, command)
         return []
     if state.terminal:

@@ -201,3 +201,35 @@ def test_a_snapshot_keeps_the_turns_and_the_thread() -> None:
     again = from_snapshot(to_snapshot(state))
     assert again.turns == 3
     assert "turns" not in to_snapshot(RunState(run_id="r"))  # unchanged for others
+
+
+def test_snapshots_stay_flat_in_the_number_of_turns(
+    es_harness: Callable[[Any], AgentHarness],
+) -> None:
+    agent = ToolAgent(
+        name="chat",
+        system_prompt="Chat.",
+        model=ScriptedModel([reply(f"a{n}") for n in range(400)]),
+        conversational=True,
+        budget=Budget(max_model_calls=None),
+    )
+    h = es_harness(agent)
+    run_id = h.start(json.dumps("hi"))
+    h.run()
+    sizes = {}
+    sent = []
+    for turn in range(1, 121):
+        command = SendMessage(run_id=run_id, by="ann", text=f"m{turn}")
+        sent.append(command)
+        h.ports.log.send(command)
+        h.run()
+        if turn in (40, 120):
+            snapshot = to_snapshot(h.state(run_id), inline=False)
+            sizes[turn] = len(json.dumps(snapshot))
+    state = h.state(run_id)
+    assert state.turns == 120
+    assert sizes[120] - sizes[40] < 16, sizes  # a few digits more, no more
+    # The last message sent again (its offset not committed): nothing changes.
+    h.ports.log.send(sent[-1])
+    h.run()
+    assert h.state(run_id).seq == state.seq
