@@ -27,6 +27,7 @@ from es_agents.core.step import (
     CallModel,
     CallTool,
     CallTools,
+    Decline,
     Finish,
     Interrupt,
     Message,
@@ -128,6 +129,8 @@ class ToolAgent:
                 if not isinstance(seq, int) or seq < state.last_outcome_seq:
                     return _ask_approval(tool.name, call)
                 if decided.get("reason") != "approved":
+                    if tool.on_reject == "tell_model":
+                        return Decline(call.call_id, _rejection(decided))
                     return Finish({"rejected": call.name, "by": decided.get("by")})
                 approved = decided.get("args_hash")
                 if isinstance(approved, str) and approved != args_hash(call.args_json):
@@ -154,6 +157,17 @@ class ToolAgent:
             dict(self.params),
             tuple(t.schema() for t in self.tool_list),
         )
+
+
+def _rejection(decided: dict[str, JsonValue]) -> str:
+    """What the model reads of a rejected call: who rejected it, and why."""
+    text = f"rejected by {decided.get('by')}: the call did not run"
+    raw = decided.get("input_json")
+    try:
+        feedback = json.loads(raw).get("feedback") if isinstance(raw, str) else None
+    except (ValueError, AttributeError):
+        feedback = raw
+    return f"{text}. Reason: {feedback}" if feedback else text
 
 
 def _call_tool(call: ToolCall) -> CallTool:

@@ -111,8 +111,14 @@ class AgentHarness:
     def approve(self, run_id: str, by: str = "tester", gate: str | None = None) -> None:
         self.ports.log.send(Approve(run_id=run_id, by=by, gate=gate))
 
-    def reject(self, run_id: str, by: str = "tester", gate: str | None = None) -> None:
-        self.ports.log.send(Reject(run_id=run_id, by=by, gate=gate))
+    def reject(
+        self,
+        run_id: str,
+        by: str = "tester",
+        gate: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        self.ports.log.send(Reject(run_id=run_id, by=by, gate=gate, reason=reason))
 
     def provide_input(self, run_id: str, input_json: str, by: str = "tester") -> None:
         self.ports.log.send(ProvideInput(run_id=run_id, by=by, input_json=input_json))

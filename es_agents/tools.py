@@ -85,6 +85,10 @@ class Tool(Generic[A]):
     # Seconds a call may take; past it a side-effect-free call is an error the model
     # sees, and a side-effecting one pauses the run as an uncertain effect.
     timeout: float | None = 120.0
+    # A rejected call: "end" the run (completed, saying what was rejected), or
+    # "tell_model": the rejection and the approver's reason are the call's result,
+    # and the model goes on (it may try another way).
+    on_reject: Literal["end", "tell_model"] = "end"
 
     def parse(self, args: dict[str, JsonValue]) -> A:
         try:
@@ -133,6 +137,7 @@ def tool(
     requires_approval: bool = False,
     approval: ApprovalPolicy | None = None,
     timeout: float | None = 120.0,
+    on_reject: Literal["end", "tell_model"] = "end",
 ) -> Callable[[ToolFn[A]], Tool[A]]:
     """Declare a tool: ``@tool(Args, honors_idempotency_key=True)``. ``approval``
     (an ``ApprovalPolicy``) implies ``requires_approval``."""
@@ -149,6 +154,7 @@ def tool(
             requires_approval=requires_approval or approval is not None,
             approval=approval,
             timeout=timeout,
+            on_reject=on_reject,
         )
 
     return wrap

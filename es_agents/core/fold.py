@@ -175,16 +175,27 @@ def _(event: ToolCallRequested, state: RunState) -> None:
 @_apply.register
 def _(event: ToolReturned, state: RunState) -> None:
     pending = next((p for p in state.pending_tools if p.call_id == event.call_id), None)
-    if pending is None:
-        raise FoldError(
-            f"run {state.run_id}: tool_returned for {event.call_id} without its request"
+    name: str
+    if pending is not None:
+        state.pending_tools.remove(pending)
+        state.pending = state.pending_tools[0] if state.pending_tools else None
+        state.tool_calls += 1
+        if event.reconciled:
+            state.reconciled_calls += 1
+        name = pending.tool
+    else:
+        # A call declined without running (rejected at its gate): an error result
+        # for a call the model asked for and nobody requested.
+        asked = next(
+            (c for c in state.open_tool_calls if c.call_id == event.call_id), None
         )
-    state.pending_tools.remove(pending)
-    state.pending = state.pending_tools[0] if state.pending_tools else None
+        if asked is None or event.error is None or event.reconciled:
+            raise FoldError(
+                f"run {state.run_id}: tool_returned for {event.call_id} without its "
+                "request"
+            )
+        name = asked.name
     state.last_outcome_seq = event.seq
-    state.tool_calls += 1
-    if event.reconciled:
-        state.reconciled_calls += 1
     state.open_tool_calls = [
         c for c in state.open_tool_calls if c.call_id != event.call_id
     ]
@@ -193,7 +204,7 @@ def _(event: ToolReturned, state: RunState) -> None:
         {
             "role": "tool",
             "tool_call_id": event.call_id,
-            "name": pending.tool,
+            "name": name,
             "content": content,
         }
     )
@@ -256,6 +267,7 @@ def _(event: Resumed, state: RunState) -> None:
             "by": event.by,
             "seq": event.seq,
             **({"args_hash": event.args_hash} if event.args_hash else {}),
+            **({"input_json": event.input_json} if event.input_json else {}),
         }
     if event.command_id is not None:
         state.command_ids.add(event.command_id)

@@ -95,6 +95,15 @@ class Interrupt:
 
 
 @dataclass(frozen=True)
+class Decline:
+    """A call the model asked for that will not run (it was rejected at its gate):
+    its result is ``error``, which the model reads; nothing else happens."""
+
+    call_id: str
+    error: str
+
+
+@dataclass(frozen=True)
 class Finish:
     output: JsonValue
 
@@ -105,7 +114,9 @@ class Fail:
     kind: str = "error"
 
 
-Step = CallModel | CallTool | CallTools | PatchState | Interrupt | Finish | Fail
+Step = (
+    CallModel | CallTool | CallTools | Decline | PatchState | Interrupt | Finish | Fail
+)
 
 
 class Planner(Protocol):
@@ -332,12 +343,15 @@ def _decide_gate(state: RunState, command: Approve | Reject, out: EventBuilder) 
                 f"run {state.run_id} waits at gate {waiting.gate!r}, "
                 f"not {command.gate!r}"
             )
+        feedback = command.reason if isinstance(command, Reject) else None
         out.add(
             Resumed,
             reason=decision,
             command_id=command.command_id,
             by=command.by,
             args_hash=_approved_args(waiting.detail_json),
+            # A rejection's reason, for the model when the tool tells it.
+            input_json=canonical_json({"feedback": feedback}) if feedback else None,
         )
         return
     if state.status != "running":

@@ -39,6 +39,7 @@ from es_agents.core.events import (
     RunCompleted,
     RunFailed,
     StatePatched,
+    ToolReturned,
 )
 from es_agents.core.fold import fold
 from es_agents.core.fork import fork_events
@@ -48,6 +49,7 @@ from es_agents.core.step import (
     CallModel,
     CallTool,
     CallTools,
+    Decline,
     EventBuilder,
     Fail,
     Finish,
@@ -78,7 +80,16 @@ log = logging.getLogger(__name__)
 # Refused decisions recorded as events per pause; later ones only in the ledger.
 REFUSALS_LOGGED = 10
 
-STEP_TYPES = (CallModel, CallTool, CallTools, PatchState, Interrupt, Finish, Fail)
+STEP_TYPES = (
+    CallModel,
+    CallTool,
+    CallTools,
+    Decline,
+    PatchState,
+    Interrupt,
+    Finish,
+    Fail,
+)
 
 
 class RunLoop:
@@ -429,6 +440,9 @@ class RunLoop:
         if isinstance(step, CallTools):
             await effects.call_tools(self, state, step)
             return "tools"
+        if isinstance(step, Decline):  # nothing runs: the outcome is the refusal
+            self.add(ToolReturned, call_id=step.call_id, error=step.error)
+            return "decline"
         if isinstance(step, PatchState):
             self.add(StatePatched, key=step.key, value_json=canonical_json(step.value))
             return "patch"

@@ -232,7 +232,10 @@ class _Pages:
                 method = (
                     self.client.approve if action == "approve" else self.client.reject
                 )
-                result = await _call(method, run_id, by, None, None, 10.0)
+                # A rejection's reason (the model reads it when the tool says so);
+                # with an approval, its comment.
+                reason = _str(form.get("reason")) or None
+                result = await _call(method, run_id, by, None, reason, 10.0)
         except EsAgentsError as e:
             return _refused(f"{type(e).__name__}: {e}", 409)
         return self.page(request, "_verdict.html", {"result": result, "by": by})

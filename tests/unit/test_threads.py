@@ -233,3 +233,68 @@ def test_snapshots_stay_flat_in_the_number_of_turns(
     h.ports.log.send(sent[-1])
     h.run()
     assert h.state(run_id).seq == state.seq
+
+
+class Wire(BaseModel):
+    amount: int
+
+
+@tool(Wire, name="wire", requires_approval=True, on_reject="tell_model")
+def wire(args: Wire, ctx: ToolContext) -> JsonValue:
+    REFUNDS.append(f"wire {args.amount}")
+    return {"wired": args.amount}
+
+
+def test_a_rejection_with_a_reason_goes_back_to_the_model(
+    es_harness: Callable[[Any], AgentHarness],
+) -> None:
+    told: list[str] = []
+
+    def after(messages: Sequence[dict[str, Any]]) -> Completion:
+        told.append(str(messages[-1]["content"]))
+        return call("wire", "w2", amount=100)
+
+    agent = ToolAgent(
+        name="payer",
+        system_prompt="Pay.",
+        model=ScriptedModel(
+            [call("wire", "w1", amount=5000), after, reply("Paid 100.")]
+        ),
+        tool_list=[wire],
+    )
+    h = es_harness(agent)
+    run_id = h.start()
+    h.run()
+    assert _waits(h.state(run_id)) == "awaiting_approval"
+    h.reject(run_id, by="lead", reason="over the limit of 1000")
+    h.run()
+    # The model read who rejected the call and why, and asked again; nothing ran.
+    assert told == [
+        "error: rejected by lead: the call did not run. Reason: over the limit of 1000"
+    ]
+    assert REFUNDS == []
+    state = h.state(run_id)
+    assert _waits(state) == "awaiting_approval"
+    assert state.tool_calls == 0  # a declined call is not a call
+    h.approve(run_id, by="lead")
+    h.run()
+    state = h.state(run_id)
+    assert state.status == "completed"
+    assert REFUNDS == ["wire 100"]
+    assert json.loads(state.output_json or "") == {"answer": "Paid 100."}
+
+
+def test_a_rejection_ends_the_run_by_default(
+    es_harness: Callable[[Any], AgentHarness],
+) -> None:
+    h = es_harness(_desk())
+    run_id = h.start(json.dumps("hi"))
+    h.run()
+    h.send_message(run_id, "refund 7")
+    h.run()
+    h.reject(run_id, by="lead", reason="no")
+    h.run()
+    state = h.state(run_id)
+    assert state.status == "completed"
+    assert json.loads(state.output_json or "") == {"rejected": "refund", "by": "lead"}
+    assert REFUNDS == []
