@@ -22,6 +22,7 @@ from es_agents.core.approvals import (
     ApproverKey,
     Pause,
     Verdict,
+    answered,
     decision_of,
     judge,
     pause_of,
@@ -228,7 +229,7 @@ class Approvals:
             key = self.keyring.get(command.key_id)
             if key is not None and pause is not None and command.expires_at is not None:
                 payload = signed_payload(
-                    pause,
+                    answered(pause, command),
                     decision_of(command),
                     command.by,
                     command.key_id,

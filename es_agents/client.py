@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue, SerializeAsAny, SkipValid
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from es_agents.approvals import SigningKey
-from es_agents.core.approvals import decision_of, pause_of
+from es_agents.core.approvals import answered, decision_of, pause_of
 from es_agents.core.commands import (
     Approve,
     Cancel,
@@ -337,10 +337,16 @@ class Client:
         *,
         key: SigningKey | None = None,
         valid_for: timedelta = SIGNED_FOR,
+        args: object = None,
     ) -> CommandResult:
         """Approve the gate the run waits at; with ``key``, a decision signed for
-        this pause and these arguments, valid for ``valid_for``."""
-        command = Approve(run_id=run_id, by=by, gate=gate, comment=comment)
+        this pause and these arguments, valid for ``valid_for``. ``args``: edited
+        arguments for the call the gate asks about (a JSON object as text, a dict or
+        a pydantic model): the call runs with them, and a signature binds them."""
+        edited = None if args is None else as_json(args, "the edited arguments")
+        command = Approve(
+            run_id=run_id, by=by, gate=gate, comment=comment, args_json=edited
+        )
         return self._decide(command, wait, key, valid_for)
 
     def reject(
@@ -365,7 +371,7 @@ class Client:
         valid_for: timedelta,
     ) -> CommandResult:
         if key is None:
-            return self.send(command, wait)
+            return self.send(self._sealed_args(command), wait)
         state = self._loader.load(command.run_id).state
         if state is None:
             raise NotFound(f"unknown run {command.run_id}")
@@ -378,13 +384,20 @@ class Client:
                 f"{'a gate' if command.gate is None else repr(command.gate)}: a "
                 "signed decision answers the pause it is signed for",
             )
-        signature, expires = key.sign(
-            pause, decision_of(command), command.by, valid_for
+        signature, expires = key.sign(  # over the plain edited arguments, if any
+            answered(pause, command), decision_of(command), command.by, valid_for
         )
         signed = command.model_copy(
             update={"key_id": key.key_id, "signature": signature, "expires_at": expires}
         )
-        return self.send(signed, wait)
+        return self.send(self._sealed_args(signed), wait)
+
+    def _sealed_args(self, command: Approve | Reject) -> Approve | Reject:
+        """Edited arguments encrypted like the run's own (when this client seals)."""
+        if not isinstance(command, Approve) or command.args_json is None:
+            return command
+        sealed = self._seal(command.run_id, command.args_json)
+        return command.model_copy(update={"args_json": sealed})
 
     def provide_input(
         self, run_id: str, by: str, input_json: object, wait: float = 10.0
@@ -494,8 +507,9 @@ class Client:
             refusal = self._plain_to_encrypted(state.agent)
         if refusal is not None:
             return CommandResult(command, "refused", refusal)
-        try:
-            if not decide(state, command):
+        try:  # judged in the plain (what this client sealed, opened again)
+            plain = self.reveal(command.run_id, command) if self._seals else command
+            if not decide(state, plain):
                 return CommandResult(command, "applied", "already applied")
         except Refused as e:
             return CommandResult(command, "refused", str(e))

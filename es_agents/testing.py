@@ -108,8 +108,16 @@ class AgentHarness:
         )
         return run_id
 
-    def approve(self, run_id: str, by: str = "tester", gate: str | None = None) -> None:
-        self.ports.log.send(Approve(run_id=run_id, by=by, gate=gate))
+    def approve(
+        self,
+        run_id: str,
+        by: str = "tester",
+        gate: str | None = None,
+        args_json: str | None = None,
+    ) -> None:
+        self.ports.log.send(
+            Approve(run_id=run_id, by=by, gate=gate, args_json=args_json)
+        )
 
     def reject(
         self,

@@ -195,6 +195,7 @@ def _signed_decision(  # noqa: PLR0917 - a decision's parts
     valid_minutes: float,
     wait_seconds: float,
     no_wait: bool,
+    args_json: str | None = None,
 ) -> None:
     from datetime import timedelta  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
@@ -206,7 +207,9 @@ def _signed_decision(  # noqa: PLR0917 - a decision's parts
     valid = timedelta(minutes=valid_minutes)
     with client() as c:
         if approve:
-            result = c.approve(run_id, by, gate, note, wait, key=key, valid_for=valid)
+            result = c.approve(
+                run_id, by, gate, note, wait, key=key, valid_for=valid, args=args_json
+            )
         else:
             result = c.reject(run_id, by, gate, note, wait, key=key, valid_for=valid)
     _report(result)
@@ -217,6 +220,13 @@ def _signed_decision(  # noqa: PLR0917 - a decision's parts
 @click.option("--by", required=True, help="Who approves.")
 @click.option("--gate", default=None, help="Approve a named gate ahead of time.")
 @click.option("--comment", default=None)
+@click.option(
+    "--args",
+    "args_json",
+    default=None,
+    help="Edited arguments (a JSON object; @FILE, - for stdin) for the call the "
+    "gate asks about: the call runs with them.",
+)
 @signing_options
 @wait_options
 @output_option
@@ -225,14 +235,26 @@ def approve(  # noqa: PLR0917 - click passes options positionally
     by: str,
     gate: str | None,
     comment: str | None,
+    args_json: str | None,
     key_file: str | None,
     valid_minutes: float,
     wait_seconds: float,
     no_wait: bool,
 ) -> None:
-    """Approve the gate RUN waits at (or --gate, ahead of time); --key signs it."""
+    """Approve the gate RUN waits at (or --gate, ahead of time); --key signs it;
+    --args runs the call with edited arguments."""
+    edited = None if args_json is None else _require_json(args_json, "--args")
     _signed_decision(
-        True, run_id, by, gate, comment, key_file, valid_minutes, wait_seconds, no_wait
+        True,
+        run_id,
+        by,
+        gate,
+        comment,
+        key_file,
+        valid_minutes,
+        wait_seconds,
+        no_wait,
+        edited,
     )
 
 

@@ -16,7 +16,7 @@ is recorded as ``approval_recorded``; the one that completes it resumes the run.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from es_agents.core.commands import Approve, Reject
@@ -107,6 +107,14 @@ def signed_payload(
     ).encode()
 
 
+def answered(pause: Pause, command: Approve | Reject) -> Pause:
+    """The pause as the decision answers it: an approval with edited arguments
+    approves those (their hash is what a signature binds)."""
+    if isinstance(command, Approve) and command.args_json is not None:
+        return replace(pause, args_hash=args_hash(command.args_json))
+    return pause
+
+
 def decision_of(command: Approve | Reject) -> str:
     return "approved" if isinstance(command, Approve) else "rejected"
 
@@ -120,7 +128,7 @@ class Verdict:
     complete: bool = True
 
 
-def judge(  # noqa: PLR0911 - one return per reason
+def judge(  # noqa: PLR0911, PLR0912 - one return per reason
     pause: Pause | None,
     command: Approve | Reject,
     *,
@@ -165,6 +173,11 @@ def judge(  # noqa: PLR0911 - one return per reason
         return Verdict(f"{command.by!r} may not decide gate {pause.gate!r}")
     if isinstance(command, Reject):
         return Verdict()
+    if command.args_json is not None and policy.quorum > 1:
+        return Verdict(
+            f"gate {pause.gate!r} takes {policy.quorum} approvals: its arguments "
+            "cannot be edited by one of them"
+        )
     if command.by in pause.approvals:
         return Verdict(f"{command.by!r} already approved gate {pause.gate!r}")
     return Verdict(complete=len(pause.approvals) + 1 >= policy.quorum)

@@ -49,6 +49,8 @@ class Approve(Command):
     by: str
     gate: str | None = None
     comment: str | None = None
+    # Edited arguments (a JSON object) for the call the gate asks about.
+    args_json: str | None = None
     # A signed decision (core.approvals): the key, the Ed25519 signature, expiry.
     key_id: str | None = None
     signature: bytes | None = None

@@ -28,6 +28,7 @@ from es_agents.core.events import (
     RunFailed,
     RunStarted,
     StatePatched,
+    ToolCall,
     ToolCallRequested,
     ToolReturned,
 )
@@ -252,6 +253,8 @@ def _(event: Resumed, state: RunState) -> None:
     if state.status not in ("paused", "blocked"):
         raise FoldError(f"run {state.run_id} is {state.status}; cannot resume")
     gate = state.waiting.gate if state.waiting is not None else None
+    if event.reason == "approved" and event.input_json and state.waiting is not None:
+        _edit_call(state, state.waiting.detail_json, event.input_json)
     state.status = "running"
     state.waiting = None
     state.last_resume = LastResume(
@@ -291,6 +294,20 @@ def _(event: MessageReceived, state: RunState) -> None:
     )
     state.message_ids = [*state.message_ids[1 - MESSAGE_IDS_KEPT :], event.command_id]
     state.transcript.append({"role": "user", "content": event.text})
+
+
+def _edit_call(state: RunState, detail_json: str, args_json: str) -> None:
+    """An approval with edited arguments: the call the pause asked about runs with
+    them (the model's original call stays in the transcript and the log)."""
+    detail = json.loads(detail_json or "{}")
+    call_id = detail.get("call_id") if isinstance(detail, dict) else None
+    for i, call in enumerate(state.open_tool_calls):
+        if call.call_id == call_id:
+            state.open_tool_calls[i] = ToolCall(
+                call_id=call.call_id, name=call.name, args_json=args_json
+            )
+            return
+    raise FoldError(f"run {state.run_id}: edited arguments for no open call")
 
 
 @_apply.register

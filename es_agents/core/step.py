@@ -343,15 +343,21 @@ def _decide_gate(state: RunState, command: Approve | Reject, out: EventBuilder) 
                 f"run {state.run_id} waits at gate {waiting.gate!r}, "
                 f"not {command.gate!r}"
             )
-        feedback = command.reason if isinstance(command, Reject) else None
+        given: str | None = None  # what the decision gives the run, if anything
+        approved = _approved_args(waiting.detail_json)
+        if isinstance(command, Reject) and command.reason:
+            # A rejection's reason, for the model when the tool tells it.
+            given = canonical_json({"feedback": command.reason})
+        elif isinstance(command, Approve) and command.args_json is not None:
+            given = _edited_args(state, waiting.detail_json, command.args_json)
+            approved = args_hash(given)
         out.add(
             Resumed,
             reason=decision,
             command_id=command.command_id,
             by=command.by,
-            args_hash=_approved_args(waiting.detail_json),
-            # A rejection's reason, for the model when the tool tells it.
-            input_json=canonical_json({"feedback": feedback}) if feedback else None,
+            args_hash=approved,
+            input_json=given,
         )
         return
     if state.status != "running":
@@ -376,6 +382,27 @@ def _decide_gate(state: RunState, command: Approve | Reject, out: EventBuilder) 
             {"decision": decision, "by": command.by, "command_id": command.command_id}
         ),
     )
+
+
+def _edited_args(state: RunState, detail_json: str, args_json: str) -> str:
+    """An approval's edited arguments, checked: the pause asks about a call, and
+    they are a JSON object (the tool checks them against its schema when called)."""
+    try:
+        detail = json.loads(detail_json or "{}")
+    except json.JSONDecodeError:
+        detail = {}
+    if not isinstance(detail, dict) or not isinstance(detail.get("call_id"), str):
+        raise Refused(
+            f"run {state.run_id} waits at a gate that asks about no tool call: "
+            "there are no arguments to edit"
+        )
+    try:
+        args = json.loads(args_json)
+    except json.JSONDecodeError as e:
+        raise Refused(f"the edited arguments are not JSON: {e}") from e
+    if not isinstance(args, dict):
+        raise Refused("the edited arguments must be a JSON object")
+    return canonical_json(args)
 
 
 def _approved_args(detail_json: str) -> str | None:

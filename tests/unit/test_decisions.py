@@ -1,0 +1,153 @@
+"""Decisions that talk back, on the in-memory stack: an approval with edited
+arguments runs the call with them (the model's call stays in the log beside the
+edit, a signature binds the edited arguments); an edit that is not a JSON object,
+or on a gate with a quorum, is refused with the reason."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from pydantic import BaseModel, JsonValue
+
+from es_agents.agent import ToolAgent
+from es_agents.approvals import MemoryKeyring, SigningKey, new_key
+from es_agents.core.approvals import ApprovalPolicy, answered, pause_of
+from es_agents.core.commands import Approve
+from es_agents.core.events import ModelResponded, Resumed
+from es_agents.core.step import Refused, args_hash, decide
+from es_agents.models import ScriptedModel, call, reply
+from es_agents.testing import AgentHarness
+from es_agents.tools import ToolContext, tool
+
+WIRES: list[int] = []
+
+
+class Wire(BaseModel):
+    amount: int
+
+
+@tool(Wire, requires_approval=True)
+def wire(args: Wire, ctx: ToolContext) -> JsonValue:
+    WIRES.append(args.amount)
+    return {"sent": args.amount}
+
+
+@tool(Wire, name="wire", approval=ApprovalPolicy(signed=True))
+def signed_wire(args: Wire, ctx: ToolContext) -> JsonValue:
+    WIRES.append(args.amount)
+    return {"sent": args.amount}
+
+
+@tool(Wire, name="wire", approval=ApprovalPolicy(quorum=2))
+def four_eyes_wire(args: Wire, ctx: ToolContext) -> JsonValue:
+    WIRES.append(args.amount)
+    return {"sent": args.amount}
+
+
+def _payer(tool_: Any) -> ToolAgent:
+    return ToolAgent(
+        name="payer",
+        system_prompt="Pay.",
+        model=ScriptedModel([call("wire", "w1", amount=5000), reply("done")]),
+        tool_list=[tool_],
+    )
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    WIRES.clear()
+
+
+def test_an_edited_approval_runs_the_call_with_the_edit(
+    es_harness: Callable[[Any], AgentHarness],
+) -> None:
+    h = es_harness(_payer(wire))
+    run_id = h.start()
+    h.run()
+    h.approve(run_id, by="lead", args_json='{"amount": 900}')
+    h.run()
+    assert WIRES == [900]
+    events = h.events(run_id)
+    asked = next(e for e in events if isinstance(e, ModelResponded) and e.tool_calls)
+    assert json.loads(asked.tool_calls[0].args_json) == {"amount": 5000}  # kept
+    resumed = next(e for e in events if isinstance(e, Resumed))
+    assert resumed.input_json == '{"amount":900}'
+    assert resumed.args_hash == args_hash('{"amount":900}')
+    assert h.state(run_id).status == "completed"
+
+
+def test_edits_that_are_no_object_are_refused(
+    es_harness: Callable[[Any], AgentHarness],
+) -> None:
+    h = es_harness(_payer(wire))
+    run_id = h.start()
+    h.run()
+    state = h.state(run_id)
+    for bad, why in (("[1]", "a JSON object"), ("{nope", "not JSON")):
+        with pytest.raises(Refused, match=why):
+            decide(state, Approve(run_id=run_id, by="lead", args_json=bad))
+
+
+def _keyed(h: AgentHarness, identity: str) -> SigningKey:
+    assert isinstance(h.ports.keyring, MemoryKeyring)
+    pem, key = new_key(identity, frozenset())
+    h.ports.keyring.add(key)
+    return SigningKey.load(pem)
+
+
+def test_a_signature_binds_the_edited_arguments(
+    es_harness: Callable[[Any], AgentHarness],
+) -> None:
+    h = es_harness(_payer(signed_wire))
+    run_id = h.start()
+    h.run()
+    key = _keyed(h, "lead")
+    pause = pause_of(h.state(run_id))
+    assert pause is not None
+    edit = Approve(run_id=run_id, by="lead", args_json='{"amount": 900}')
+    # Signed for the model's arguments, then sent with an edit: refused.
+    signature, expires = key.sign(pause, "approved", "lead", timedelta(minutes=5))
+    swapped = edit.model_copy(
+        update={"key_id": key.key_id, "signature": signature, "expires_at": expires}
+    )
+    h.ports.log.send(swapped)
+    h.run()
+    assert WIRES == []
+    verdict = next(
+        v for v in h.ports.book.for_run(run_id) if v.command_id == swapped.command_id
+    )
+    assert verdict.status == "refused"
+    assert "signature does not match" in (verdict.reason or "")
+    # Signed over the edit: the call runs with it.
+    signature, expires = key.sign(
+        answered(pause, edit), "approved", "lead", timedelta(minutes=5)
+    )
+    good = edit.model_copy(
+        update={
+            "command_id": "signed-edit",
+            "key_id": key.key_id,
+            "signature": signature,
+            "expires_at": expires,
+        }
+    )
+    h.ports.log.send(good)
+    h.run()
+    assert WIRES == [900]
+
+
+def test_a_gate_with_a_quorum_takes_no_edit(
+    es_harness: Callable[[Any], AgentHarness],
+) -> None:
+    h = es_harness(_payer(four_eyes_wire))
+    run_id = h.start()
+    h.run()
+    h.approve(run_id, by="ann", args_json='{"amount": 1}')
+    h.run()
+    assert WIRES == []
+    refused = [v for v in h.ports.book.for_run(run_id) if v.status == "refused"]
+    assert len(refused) == 1
+    assert "cannot be edited" in (refused[0].reason or "")
