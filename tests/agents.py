@@ -389,3 +389,15 @@ fragile = ToolAgent(
 
 # -- a steady load: many no-op tool steps per run (the cluster's broker-loss test) ---
 steady = ToolLoop(1_000_000)  # until cancelled
+
+
+# -- a thread (a conversational agent) -----------------------------------------------
+desk = ToolAgent(
+    name="desk",
+    system_prompt="You are a support desk.",
+    model=ScriptedModel(
+        [reply("Hello! How can I help?"), reply("Your parcel ships today.")],
+        model_id="scripted-desk",
+    ),
+    conversational=True,
+)

@@ -8,6 +8,7 @@ screenshots there (docs/)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -183,4 +184,53 @@ def test_approve_a_paused_run_in_the_browser(
         server.terminate()
         _, err = server.communicate(timeout=30)
     # uvicorn shuts down cleanly, then re-raises the SIGTERM it caught.
+    assert server.returncode in (0, -15), err[-3000:]
+
+
+def test_a_thread_in_the_browser(env: dict[str, str], tmp_path: Path) -> None:
+    """The message box of a thread: send a message, read the answer, end it."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    run = f"ui-thread-{uuid.uuid4().hex[:8]}"
+    users = _users(env, tmp_path / "users")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "es_agents.cli", "ui", "--port", str(port),
+         "--users", str(users)],
+        cwd=ROOT, env=_env(**env), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        with worker(env, "tests.agents:desk"), sync_playwright() as p:
+            started = cli(env, "start", "desk", "--run-id", run, "--input", '"hi"')
+            assert started.returncode == 0, started.stderr
+            until(lambda: "awaiting_message" in cli(env, "status", run).stdout,
+                  what="the first answer")  # fmt: skip
+            until(lambda: _up(base + "/"), what="the ui")
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM, args=["--no-sandbox", "--headless=new"]
+            )
+            page = browser.new_page()
+            _sign_in(page, base)
+            page.goto(f"{base}/runs/{run}")
+            expect(page.locator("#conversation")).to_contain_text("How can I help?")
+            page.fill("#message", "Where is my parcel?")
+            page.click("#send")
+            expect(page.locator("#verdict")).to_contain_text("applied")
+            expect(page.locator("#conversation")).to_contain_text(
+                "ann: Where is my parcel?", timeout=30_000
+            )
+            expect(page.locator("#conversation")).to_contain_text(
+                "Your parcel ships today.", timeout=30_000
+            )
+            page.click("#end")
+            expect(page.locator("#status")).to_have_text("completed", timeout=30_000)
+            browser.close()
+        shown = json.loads(cli(env, "status", run, "-o", "json").stdout)
+        assert json.loads(shown["output"]) == {
+            "answer": "Your parcel ships today.",
+            "turns": 1,
+        }
+    finally:
+        server.terminate()
+        _, err = server.communicate(timeout=30)
     assert server.returncode in (0, -15), err[-3000:]
