@@ -73,6 +73,9 @@ class ToolAgent:
     # A thread: after a reply the run waits for the next message (send_message)
     # instead of completing; the next turn continues the same transcript.
     conversational: bool = False
+    # Stream the model's answers to watchers while the call is in flight, when the
+    # model client can (``astream``); what is durable is the same either way.
+    stream: bool = True
 
     @property
     def tools(self) -> Mapping[str, Tool[Any]]:

@@ -204,12 +204,15 @@ def _kafka_ports(
 
     def topics() -> dict[str, int]:
         from es_agents.adapters.kafka_admin import ensure_topics
+        from es_agents.adapters.kafka_deltas import ensure_stream_topic
 
         check_layout(db, kafka.topic_prefix, None, "kafka")
         counts = ensure_topics(kafka)
+        ensure_stream_topic(kafka)  # the deltas' own (kept an hour; not the log)
         check_layout(db, kafka.topic_prefix, counts[kafka.events_topic], "kafka")
         return counts
 
+    from es_agents.adapters.kafka_deltas import KafkaDeltas
     from es_agents.adapters.postgres_writer_keys import writer_keys
 
     side = _postgres_read_side(settings, db, log.decode_event)
@@ -219,6 +222,7 @@ def _kafka_ports(
         log=log,
         subscribe=subscribe,
         writer=writer,
+        deltas=KafkaDeltas(kafka),
         ensure_topics=topics,
         migrate=db.migrate,
         closers=[side["book"].close, db.close],
@@ -287,6 +291,7 @@ def _memory(settings: Settings) -> dict[str, Any]:
     from es_agents.adapters.memory import (
         InMemoryBlobStore,
         MemoryCommandBook,
+        MemoryDeltas,
         MemoryEffectLedger,
         MemoryTimers,
     )
@@ -305,6 +310,7 @@ def _memory(settings: Settings) -> dict[str, Any]:
             "keyring": MemoryKeyring(),
             "vault": MemoryVault(),
             "auth": Authenticator({"memory": os.urandom(KEY_BYTES)}, "memory"),
+            "deltas": MemoryDeltas(),
         }
     return _MEMORY[prefix]
 
@@ -355,6 +361,7 @@ def _memory_ports(settings: Settings, restore: Any) -> Ports:
         keyring=shared["keyring"],
         vault=shared["vault"],
         writer_keys=lambda: shared["auth"],
+        deltas=shared["deltas"],
     )
 
 

@@ -8,7 +8,8 @@ Postgres, and ``wait`` sleeps with ``asyncio.sleep`` between looks.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+import threading
+from collections.abc import AsyncIterator, Iterable
 from datetime import datetime, timedelta
 
 from es_agents.approvals import SigningKey
@@ -23,7 +24,7 @@ from es_agents.client import (
 )
 from es_agents.core.events import Event
 from es_agents.errors import NotFound
-from es_agents.ports import Ports
+from es_agents.ports import Delta, Ports
 from es_agents.settings import Settings
 
 
@@ -115,6 +116,34 @@ class AsyncClient:
         self, run_id: str, text: str, by: str, timeout: float = 120.0
     ) -> Reply:
         return await asyncio.to_thread(self.sync.say, run_id, text, by, timeout)
+
+    async def stream(
+        self, run_id: str, timeout: float | None = None
+    ) -> AsyncIterator[Delta]:
+        """``Client.stream`` as an async iterator (read on a thread, handed over
+        to the event loop as each delta comes)."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Delta | BaseException | None] = asyncio.Queue()
+        cancel = threading.Event()
+
+        def pump() -> None:
+            try:
+                for delta in self.sync.stream(run_id, timeout, cancel):
+                    loop.call_soon_threadsafe(queue.put_nowait, delta)
+            except BaseException as e:
+                loop.call_soon_threadsafe(queue.put_nowait, e)
+            finally:
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+
+        pumping = loop.run_in_executor(None, pump)
+        try:
+            while (item := await queue.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            cancel.set()
+            await pumping
 
     async def cancel(
         self, run_id: str, by: str, reason: str | None = None, wait: float = 10.0

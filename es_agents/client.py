@@ -12,11 +12,12 @@ and the log beyond the projector's offset; nothing scans a topic from its start.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, JsonValue, SerializeAsAny, SkipValidation
@@ -36,10 +37,11 @@ from es_agents.core.commands import (
 )
 from es_agents.core.events import Event
 from es_agents.core.fold import fold
-from es_agents.core.state import RunState
+from es_agents.core.state import PendingModelCall, RunState
 from es_agents.core.step import Refused, decide, last_reply, start
 from es_agents.dead_letters import DeadLetter, read_dead_letters
 from es_agents.errors import (
+    ConfigError,
     EsAgentsError,
     InvalidInput,
     NotFound,
@@ -47,6 +49,7 @@ from es_agents.errors import (
 )
 from es_agents.ports import (
     Decided,
+    Delta,
     Ports,
     Position,
     ServedAgent,
@@ -64,6 +67,12 @@ SERVED_GRACE_SECONDS = 10.0
 AGENT_CACHE_SECONDS = 1.0
 X = TypeVar("X")
 SIGNED_FOR = timedelta(minutes=15)  # a signed decision's default validity
+# A stream starts this long before the run's last event (clocks differ a little).
+STREAM_LOOKBACK = timedelta(seconds=5)
+# After the run stopped working, deltas still on their way are read this long.
+STREAM_DRAIN_SECONDS = 0.3
+# A run nobody knows of is followed this long (its start may be on its way).
+STREAM_UNKNOWN_SECONDS = 10.0
 
 
 FINISHED_OR_WAITING = ("completed", "failed", "cancelled", "paused")
@@ -461,6 +470,61 @@ class Client:
                     f"{timeout:g} s (it is {view.status})"
                 )
             time.sleep(waiting.pause())
+
+    def stream(
+        self,
+        run_id: str,
+        timeout: float | None = None,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[Delta]:
+        """The run's model answers as they stream (``Delta``: a call's ``start``,
+        pieces of ``text``, its ``end``), from the call in flight now -- what was
+        sent of it so far first -- until the run stops working (it waits, or
+        ended) or ``timeout`` seconds passed. A call re-issued after a crash starts
+        again with a higher ``attempt``: drop what came before it. Only the
+        ``model_responded`` event is the answer; deltas are what was seen on the
+        way (an agent that encrypts its payloads does not stream). ``cancel``: set
+        it to stop the stream from another thread."""
+        deltas = self._ports.deltas
+        if deltas is None:
+            raise ConfigError(f"the {self._ports.store} store does not stream")
+        try:
+            state = self.status(run_id).state
+        except NotFound:  # a start not seen yet: followed for a while
+            state = None
+        since = datetime.now(UTC) - STREAM_LOOKBACK
+        floor = (0, 0)
+        if state is not None:
+            if state.updated_at is not None:
+                since = min(since, state.updated_at - STREAM_LOOKBACK)
+            pending = state.pending
+            floor = (
+                (pending.step, pending.attempt)
+                if isinstance(pending, PendingModelCall)
+                else (state.step + 1, 0)
+            )
+        deadline = None if timeout is None else time.monotonic() + timeout
+        unknown_until = time.monotonic() + STREAM_UNKNOWN_SECONDS
+        idle_since: list[float] = []
+
+        def stop() -> bool:
+            if deadline is not None and time.monotonic() > deadline:
+                return True
+            if cancel is not None and cancel.is_set():
+                return True
+            try:
+                status = self.status(run_id).status
+            except NotFound:  # no such run, or its start is not seen yet
+                status = "pending" if time.monotonic() < unknown_until else "unknown"
+            if status in ("running", "pending"):
+                idle_since.clear()
+                return False
+            idle_since.append(time.monotonic())  # stopped: one more look first
+            return idle_since[-1] - idle_since[0] >= STREAM_DRAIN_SECONDS
+
+        for delta in deltas.follow(run_id, since, stop):
+            if (delta.step, delta.attempt) >= floor:
+                yield delta
 
     def _seal(self, run_id: str, text: str) -> str:
         return self._cipher.encrypt_text(run_id, text) if self._seals else text

@@ -102,7 +102,6 @@ def retry_after_seconds(response: object) -> float | None:
 Turn = Completion | Callable[[Sequence[Message]], Completion]
 
 
-@final
 class ScriptedModel:
     """Answers turn n of a run with ``script[n]``, where n counts the assistant
     messages already in the transcript, so a re-issued call gets the same answer.
@@ -155,6 +154,41 @@ class ScriptedModel:
             usage=Usage(prompt_tokens=tokens, completion_tokens=8),
             model_id=self.model_id,
         )
+
+
+@final
+class StreamingScriptedModel(ScriptedModel):
+    """A ``ScriptedModel`` that streams: each answer's text in pieces of
+    ``piece_chars`` characters, ``piece_gap`` seconds apart (``astream``)."""
+
+    def __init__(
+        self,
+        script: Sequence[Turn],
+        model_id: str = "scripted",
+        calls_log: Path | None = None,
+        piece_chars: int = 6,
+        piece_gap: float = 0.0,
+    ) -> None:
+        super().__init__(script, model_id, calls_log)
+        self.piece_chars = piece_chars
+        self.piece_gap = piece_gap
+
+    async def astream(
+        self,
+        messages: Sequence[Message],
+        params: dict[str, JsonValue],
+        tools: Sequence[ToolSpec],
+        on_text: Callable[[str], None],
+    ) -> Completion:
+        import asyncio  # noqa: PLC0415
+
+        completion = self.complete(messages, params, tools)
+        text, n = completion.content or "", self.piece_chars
+        for i in range(0, len(text), n):
+            if self.piece_gap:
+                await asyncio.sleep(self.piece_gap)
+            on_text(text[i : i + n])
+        return completion
 
 
 def reply(content: str) -> Completion:

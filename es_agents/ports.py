@@ -477,6 +477,44 @@ class NoProbe:
         pass
 
 
+DeltaKind = Literal["start", "text", "end"]
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """A piece of a model's answer while the call is in flight, for people and
+    applications watching the run; not an event (the durable answer is the
+    ``model_responded`` event). A call's deltas come between its ``start`` and its
+    ``end``; a call re-issued after a crash starts again with a higher ``attempt``
+    (what came before it is void). ``text`` of an ``end``: "" when the call
+    answered, else why it did not."""
+
+    run_id: str
+    step: int  # the model call's step
+    attempt: int
+    kind: DeltaKind
+    text: str = ""
+    sent_at: float = 0.0  # the worker's clock (seconds since the epoch)
+
+
+class Deltas(Protocol):
+    """The stream of deltas, beside the log: published by the worker without
+    waiting (a delta lost is a gap in what is shown, never in the run), followed
+    by clients from a point in time."""
+
+    def publish(self, delta: Delta) -> None: ...
+
+    def follow(
+        self, run_id: str, since: datetime, stop: Callable[[], bool]
+    ) -> Iterator[Delta]:
+        """The run's deltas sent at or after ``since`` (as far as kept), then new
+        ones as they come, until ``stop()`` is true (checked at least every 100 ms
+        when nothing comes)."""
+        ...
+
+    def close(self) -> None: ...
+
+
 # Builds the fenced writer of (group, partition); it takes the partition's next epoch
 # by calling the third argument (a writer may need to look at the log first).
 WriterFactory = Callable[[str, int, Callable[[], int]], PartitionWriter]
@@ -503,11 +541,15 @@ class Ports:
     keyring: Keyring = field(default_factory=MemoryKeyring)  # approvers' keys
     vault: Vault = field(default_factory=MemoryVault)  # runs' data keys
     closers: list[Callable[[], None]] = field(default_factory=list)
+    # Model answers streamed while the call is in flight (None: this store has none).
+    deltas: Deltas | None = None
     # The writer keys (``core.authorship``), read after the migrations ran.
     writer_keys: Callable[[], Authenticator | None] = lambda: None
 
     def close(self) -> None:
         self.log.close()
         self.probe.close()
+        if self.deltas is not None:
+            self.deltas.close()
         for close in self.closers:
             close()

@@ -96,6 +96,12 @@ class KafkaSettings(BaseSettings):
         return f"{self.topic_prefix}.dlq"
 
     @property
+    def stream_topic(self) -> str:
+        """Model answers while they stream (``ports.Delta``): not part of the log,
+        kept an hour."""
+        return f"{self.topic_prefix}.stream"
+
+    @property
     def topics(self) -> list[str]:
         """The prefix's topics: commands, events and the dead letters."""
         return [self.commands_topic, self.events_topic, self.dlq_topic]

@@ -37,17 +37,23 @@ def _force(value: Any) -> Any:
     return value
 
 
-def _validator(wire: Wire) -> TypeAdapter[Any]:
+def _validator(wire: Wire, stream: bool = False) -> TypeAdapter[Any]:
     if wire == "openai":
         from openai.types.chat.completion_create_params import (  # noqa: PLC0415
             CompletionCreateParamsNonStreaming,
+            CompletionCreateParamsStreaming,
         )
 
+        if stream:
+            return TypeAdapter(CompletionCreateParamsStreaming)
         return TypeAdapter(CompletionCreateParamsNonStreaming)
     from anthropic.types.message_create_params import (  # noqa: PLC0415
         MessageCreateParamsNonStreaming,
+        MessageCreateParamsStreaming,
     )
 
+    if stream:
+        return TypeAdapter(MessageCreateParamsStreaming)
     return TypeAdapter(MessageCreateParamsNonStreaming)
 
 
@@ -69,23 +75,34 @@ class WireServer:
     faults: list[Fault] = field(default_factory=list)
     url: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Streamed answers: the text in pieces of this many characters, this long apart;
+    # when each piece was sent (time.time(), text).
+    piece_chars: int = 8
+    piece_gap: float = 0.0
+    sent: list[tuple[float, str]] = field(default_factory=list)
 
     def fail_next(self, *faults: Fault) -> None:
         with self.lock:
             self.faults.extend(faults)
 
-    def answer(self, body: dict[str, Any]) -> dict[str, Any]:
+    def completion(self, body: dict[str, Any]) -> Completion:
         messages = body.get("messages") or []
         turn = sum(1 for m in messages if m.get("role") == "assistant")
         if turn >= len(self.script):
-            done = Completion(content="(no more turns)")
-        else:
-            done = self.script[turn]
+            return Completion(content="(no more turns)")
+        return self.script[turn]
+
+    def answer(self, body: dict[str, Any]) -> dict[str, Any]:
+        done = self.completion(body)
         return (
             _openai(done, self.served_model)
             if self.wire == "openai"
             else (_anthropic(done, self.served_model))
         )
+
+    def pieces(self, text: str | None) -> list[str]:
+        n = self.piece_chars
+        return [text[i : i + n] for i in range(0, len(text or ""), n)] if text else []
 
 
 def _openai(c: Completion, model: str) -> dict[str, Any]:
@@ -151,8 +168,94 @@ def _anthropic(c: Completion, model: str) -> dict[str, Any]:
     return response.model_dump(mode="json", exclude_none=True)
 
 
+def _openai_chunks(
+    server: WireServer, c: Completion
+) -> Iterator[tuple[dict[str, Any] | None, str]]:
+    """The Chat Completions stream of ``c``: (chunk, text piece) pairs, validated
+    with the SDK's chunk type; usage last (``stream_options.include_usage``)."""
+    from openai.types.chat import ChatCompletionChunk  # noqa: PLC0415
+
+    def chunk(delta: dict[str, Any], finish: str | None = None, **more: Any) -> Any:
+        value = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": server.served_model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            **more,
+        }
+        return ChatCompletionChunk.model_validate(value).model_dump(
+            mode="json", exclude_none=True
+        )
+
+    yield chunk({"role": "assistant", "content": ""}), ""
+    for piece in server.pieces(c.content):
+        yield chunk({"content": piece}), piece
+    for i, t in enumerate(c.tool_calls):
+        head = {"index": i, "id": t.call_id, "type": "function"}
+        yield chunk({"tool_calls": [{**head, "function": {"name": t.name}}]}), ""
+        for piece in server.pieces(t.args_json):
+            call = {"index": i, "function": {"arguments": piece}}
+            yield chunk({"tool_calls": [call]}), ""
+    yield chunk({}, "tool_calls" if c.tool_calls else "stop"), ""
+    usage = {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}
+    last = chunk({}, None, usage=usage)
+    last["choices"] = []
+    yield last, ""
+
+
+def _anthropic_events(
+    server: WireServer, c: Completion
+) -> Iterator[tuple[dict[str, Any] | None, str]]:
+    """The Messages stream of ``c``, each event validated with the SDK's type."""
+    from anthropic.types import RawMessageStreamEvent  # noqa: PLC0415
+
+    check: TypeAdapter[Any] = TypeAdapter(RawMessageStreamEvent)
+
+    def event(value: dict[str, Any]) -> dict[str, Any]:
+        parsed = check.validate_python(value)
+        dumped: dict[str, Any] = parsed.model_dump(mode="json", exclude_none=True)
+        return dumped
+
+    yield event({"type": "message_start", "message": {
+        "id": "msg_1", "type": "message", "role": "assistant",
+        "model": server.served_model, "content": [], "stop_reason": None,
+        "stop_sequence": None, "usage": {"input_tokens": 11, "output_tokens": 1},
+    }}), ""  # fmt: skip
+    index = 0
+    if c.content:
+        block = {"type": "text", "text": ""}
+        yield (
+            event({"type": "content_block_start", "index": 0, "content_block": block}),
+            "",
+        )
+        for piece in server.pieces(c.content):
+            delta = {"type": "text_delta", "text": piece}
+            yield (
+                event({"type": "content_block_delta", "index": 0, "delta": delta}),
+                piece,
+            )
+        yield event({"type": "content_block_stop", "index": 0}), ""
+        index = 1
+    for i, t in enumerate(c.tool_calls, start=index):
+        block = {"type": "tool_use", "id": t.call_id, "name": t.name, "input": {}}
+        yield (
+            event({"type": "content_block_start", "index": i, "content_block": block}),
+            "",
+        )
+        for piece in server.pieces(t.args_json):
+            delta = {"type": "input_json_delta", "partial_json": piece}
+            yield event({"type": "content_block_delta", "index": i, "delta": delta}), ""
+        yield event({"type": "content_block_stop", "index": i}), ""
+    stop = "tool_use" if c.tool_calls else "end_turn"
+    yield event({"type": "message_delta", "delta": {
+        "stop_reason": stop, "stop_sequence": None}, "usage": {"output_tokens": 7},
+    }), ""  # fmt: skip
+    yield event({"type": "message_stop"}), ""
+
+
 def _handler(server: WireServer) -> type[BaseHTTPRequestHandler]:
-    validator = _validator(server.wire)
+    validators = {s: _validator(server.wire, s) for s in (False, True)}
     route = "/v1/chat/completions" if server.wire == "openai" else "/v1/messages"
 
     class Handler(BaseHTTPRequestHandler):
@@ -188,7 +291,8 @@ def _handler(server: WireServer) -> type[BaseHTTPRequestHandler]:
             raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
             try:
                 body = json.loads(raw)
-                _force(validator.validate_python(body))
+                stream = isinstance(body, dict) and body.get("stream") is True
+                _force(validators[stream].validate_python(body))
             except (ValueError, ValidationError) as e:
                 with server.lock:
                     server.rejected.append(str(e))
@@ -207,7 +311,39 @@ def _handler(server: WireServer) -> type[BaseHTTPRequestHandler]:
                         fault.status, f"injected {fault.status}", **fault.headers
                     )
                     return
+            if stream:
+                self._stream(server.completion(body))
+                return
             self._send(200, json.dumps(server.answer(body)).encode())
+
+        def _stream(self, c: Completion) -> None:
+            """Server-sent events, each piece of text ``piece_gap`` apart."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Cache-Control", "no-cache")
+            self.end_headers()
+            events = (
+                _openai_chunks(server, c)
+                if server.wire == "openai"
+                else _anthropic_events(server, c)
+            )
+            try:
+                for value, piece in events:
+                    if piece and server.piece_gap:
+                        time.sleep(server.piece_gap)
+                    name = (
+                        "" if server.wire == "openai" else f"event: {value['type']}\n"
+                    )
+                    self.wfile.write(f"{name}data: {json.dumps(value)}\n\n".encode())
+                    self.wfile.flush()
+                    if piece:
+                        with server.lock:
+                            server.sent.append((time.time(), piece))
+                if server.wire == "openai":
+                    self.wfile.write(b"data: [DONE]\n\n")
+                    self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                return  # the client went away (a worker killed mid-stream)
 
     return Handler
 

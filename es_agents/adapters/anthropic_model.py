@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 from pydantic import JsonValue
@@ -173,20 +173,43 @@ class AnthropicModel:
             )
         return self._parse(response)
 
+    def _aclient(self) -> AsyncAnthropic:
+        if self._async is None:
+            from anthropic import AsyncAnthropic  # noqa: PLC0415
+
+            self._async = AsyncAnthropic(**self._options)
+        return self._async
+
     async def acomplete(
         self,
         messages: Sequence[Message],
         params: dict[str, JsonValue],
         tools: Sequence[ToolSpec] = (),
     ) -> Completion:
-        if self._async is None:
-            from anthropic import AsyncAnthropic  # noqa: PLC0415
-
-            self._async = AsyncAnthropic(**self._options)
+        client = self._aclient()
         with self._translated():
-            response: AnthropicMessage = await self._async.messages.create(
+            response: AnthropicMessage = await client.messages.create(
                 **self._request(messages, params, tools)
             )
+        return self._parse(response)
+
+    async def astream(
+        self,
+        messages: Sequence[Message],
+        params: dict[str, JsonValue],
+        tools: Sequence[ToolSpec],
+        on_text: Callable[[str], None],
+    ) -> Completion:
+        """``acomplete``, streamed (the SDK's ``messages.stream``): ``on_text`` gets
+        each piece of text as it comes; the completion is the final message."""
+        client = self._aclient()
+        request = self._request(messages, params, tools)
+        del request["stream"]
+        with self._translated():
+            async with client.messages.stream(**request) as stream:
+                async for text in stream.text_stream:
+                    on_text(text)
+                response = await stream.get_final_message()
         return self._parse(response)
 
     @contextlib.contextmanager

@@ -87,7 +87,7 @@ def delete_topics(settings: KafkaSettings, timeout: float = 30.0) -> list[str]:
     record. Best effort (a broker that stays gets them back on its next clean-up):
     returns the topics it could not delete, each logged."""
     admin = AdminClient(_client(settings.to_librdkafka()))
-    topics = settings.topics
+    topics = [*settings.topics, settings.stream_topic]
     left = []
     for topic, future in admin.delete_topics(
         topics, operation_timeout=timeout, request_timeout=timeout

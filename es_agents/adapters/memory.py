@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import final
@@ -15,6 +15,7 @@ from es_agents.core.events import Event
 from es_agents.errors import ConfigError, PayloadUnavailable
 from es_agents.ports import (
     Decided,
+    Delta,
     Due,
     EffectRecord,
     EffectStatus,
@@ -314,3 +315,36 @@ class MemoryProjections:
 
     def snapshot_states(self, run_prefix: str = "") -> dict[str, tuple[int, object]]:
         return {}
+
+
+@final
+class MemoryDeltas:
+    """The stream of deltas in this process (tests, the in-memory harness)."""
+
+    def __init__(self) -> None:
+        self._deltas: list[Delta] = []
+        self._cond = threading.Condition()
+
+    def publish(self, delta: Delta) -> None:
+        with self._cond:
+            self._deltas.append(delta)
+            self._cond.notify_all()
+
+    def follow(
+        self, run_id: str, since: datetime, stop: Callable[[], bool]
+    ) -> Iterator[Delta]:
+        seen = 0
+        floor = since.timestamp()
+        while True:
+            with self._cond:
+                if seen >= len(self._deltas) and not stop():
+                    self._cond.wait(0.1)
+                new, seen = self._deltas[seen:], len(self._deltas)
+            for delta in new:
+                if delta.run_id == run_id and delta.sent_at >= floor:
+                    yield delta
+            if not new and stop():
+                return
+
+    def close(self) -> None:
+        pass

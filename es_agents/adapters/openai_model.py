@@ -5,13 +5,15 @@ The run's transcript (the fold's neutral messages) becomes the API's message par
 assistant tool calls as ``{id, type: "function", function: {name, arguments}}`` and
 tool results as ``{role: "tool", tool_call_id, content}``. Tools are sent as function
 tools with their JSON Schema. The SDK's own retries are off (``max_retries=0``): the
-runtime's one retry policy decides, and records each attempt. Streaming is off.
+runtime's one retry policy decides, and records each attempt. ``astream`` streams the
+answer (``stream=True``, usage asked for in the last chunk) and hands each piece of
+text to a callback while the SDK's own accumulator builds the whole completion.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, final
 
 from pydantic import JsonValue
@@ -155,20 +157,54 @@ class OpenAIChatModel:
             )
         return self._parse(response)
 
+    def _aclient(self) -> AsyncOpenAI:
+        if self._async is None:
+            from openai import AsyncOpenAI  # noqa: PLC0415
+
+            self._async = AsyncOpenAI(**self._options)
+        return self._async
+
     async def acomplete(
         self,
         messages: Sequence[Message],
         params: dict[str, JsonValue],
         tools: Sequence[ToolSpec] = (),
     ) -> Completion:
-        if self._async is None:
-            from openai import AsyncOpenAI  # noqa: PLC0415
-
-            self._async = AsyncOpenAI(**self._options)
+        client = self._aclient()
         with self._translated():
-            response: ChatCompletion = await self._async.chat.completions.create(
+            response: ChatCompletion = await client.chat.completions.create(
                 **self._request(messages, params, tools)
             )
+        return self._parse(response)
+
+    async def astream(
+        self,
+        messages: Sequence[Message],
+        params: dict[str, JsonValue],
+        tools: Sequence[ToolSpec],
+        on_text: Callable[[str], None],
+    ) -> Completion:
+        """``acomplete``, streamed: ``on_text`` gets each piece of the answer's text
+        as it comes; the completion returned is the whole answer."""
+        from openai.lib.streaming.chat import (  # noqa: PLC0415
+            ChatCompletionStreamState,
+        )
+
+        client = self._aclient()
+        request = {
+            **self._request(messages, params, tools),
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
+        with self._translated():
+            stream = await client.chat.completions.create(**request)
+            async with stream:
+                async for chunk in stream:
+                    state.handle_chunk(chunk)
+                    if chunk.choices and chunk.choices[0].delta.content:
+                        on_text(chunk.choices[0].delta.content)
+            response = state.get_final_completion()
         return self._parse(response)
 
     @contextlib.contextmanager

@@ -21,7 +21,15 @@ from es_agents.dead_letters import DeadLetterQueue
 from es_agents.errors import ConfigError
 from es_agents.observability import NoTelemetry, NoTracer, Telemetry, Tracer
 from es_agents.payloads import ClaimCheck
-from es_agents.ports import CommandBook, EffectLedger, EventLog, Ports, Probe, Timers
+from es_agents.ports import (
+    CommandBook,
+    Deltas,
+    EffectLedger,
+    EventLog,
+    Ports,
+    Probe,
+    Timers,
+)
 from es_agents.redaction import Redactor, has_secrets
 from es_agents.runtime.driver import PartitionDriver
 from es_agents.runtime.loader import RunLoader
@@ -95,6 +103,9 @@ class RunContext:
     cipher: Cipher | None = None  # reveals encrypted payloads (and writes them)
     encrypt: bool = False  # the agent's payloads are written encrypted
     redactor: Redactor | None = None  # seals secret fields into tokens
+    # Where a model's answer streams while the call is in flight (None: it does not:
+    # the store has no stream, the agent says stream=False, or it encrypts).
+    deltas: Deltas | None = None
 
 
 class Stepping(Protocol):
@@ -176,4 +187,6 @@ def run_context(
         cipher=cipher,
         encrypt=encrypt,
         redactor=Redactor(cipher, agent.tools),
+        # Encrypted agents do not stream: deltas would be their answers in clear.
+        deltas=None if encrypt or not getattr(agent, "stream", True) else ports.deltas,
     )

@@ -3,12 +3,18 @@
 Invariant 3: a recorded completion is never asked for again; a dangling request may
 be re-issued, and every retry is requested again first (``attempt`` + 1), so every
 call the model saw is in the log. Only the model's own failures are retried.
+
+Streaming: a model client with ``astream`` hands the answer's text over in pieces
+while the call is in flight; each piece is published as a ``Delta`` (between a
+``start`` and an ``end`` marker naming the call's step and attempt) for watchers.
+Only the whole completion becomes an event, as without streaming.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 from es_agents.core.events import ModelCallRequested, ModelResponded
 from es_agents.core.state import RunState
@@ -22,6 +28,7 @@ from es_agents.errors import (
     Unavailable,
 )
 from es_agents.models import Completion, ModelClient
+from es_agents.ports import Delta, DeltaKind, Deltas
 from es_agents.retry import aretrying
 from es_agents.runtime.context import Stepping
 
@@ -52,10 +59,11 @@ async def call_model(
             # The request is outside the retried block: only the model's own
             # failures are retried, never the log's or the database's.
             number = attempt + tried.retry_state.attempt_number - 1
+            call = (state.step + 1, number)  # the request's step and attempt
             await _request(loop, state, step, model.model_id, number)
             await _read_conversation(loop, step)
             with tried:
-                completion = await _timed(loop, model, step)
+                completion = await _timed(loop, model, step, call)
     except _ModelUnavailable as e:
         raise RunError(
             "model_unavailable", f"{e} (gave up after {MODEL_TRIES} tries)"
@@ -99,13 +107,16 @@ async def _read_conversation(loop: Stepping, step: CallModel) -> None:
         await loop.ctx.io(step.messages.transcript.read_all)
 
 
-async def _timed(loop: Stepping, model: ModelClient, step: CallModel) -> Completion:
-    """``_complete``, its latency and outcome reported to the telemetry."""
+async def _timed(
+    loop: Stepping, model: ModelClient, step: CallModel, call: tuple[int, int]
+) -> Completion:
+    """``_complete``, its latency and outcome reported to the telemetry. ``call``:
+    the request's step and attempt."""
     started = time.perf_counter()
     ok = False
     try:
         with loop.ctx.tracer.model_call(model.model_id) as span:
-            completion = await _complete(loop, model, step)
+            completion = await _complete(loop, model, step, call)
             span.set("gen_ai.response.model", completion.model_id or model.model_id)
             span.set("gen_ai.usage.input_tokens", completion.usage.prompt_tokens)
             span.set("gen_ai.usage.output_tokens", completion.usage.completion_tokens)
@@ -119,11 +130,13 @@ async def _timed(loop: Stepping, model: ModelClient, step: CallModel) -> Complet
         )
 
 
-async def _complete(loop: Stepping, model: ModelClient, step: CallModel) -> Completion:
+async def _complete(
+    loop: Stepping, model: ModelClient, step: CallModel, call: tuple[int, int]
+) -> Completion:
     """One call. ``Unavailable`` and ``RetryableToolError`` are retried by the
     caller; a refusal or a client bug ends the run (``model_error``)."""
     try:
-        completion = await _ask(loop, model, step)
+        completion = await _ask(loop, model, step, call)
     except Unavailable as e:
         log.warning("run %s: model call failed (%s)", loop.actor.run_id, e)
         raise _ModelUnavailable(str(e)) from e
@@ -142,9 +155,16 @@ async def _complete(loop: Stepping, model: ModelClient, step: CallModel) -> Comp
     return completion
 
 
-async def _ask(loop: Stepping, model: ModelClient, step: CallModel) -> Completion:
+async def _ask(
+    loop: Stepping, model: ModelClient, step: CallModel, call: tuple[int, int]
+) -> Completion:
     """An async client (``acomplete``, e.g. on an SDK's async client) is awaited on
-    the event loop; a sync one runs on a thread of the worker's bounded pool."""
+    the event loop; a sync one runs on a thread of the worker's bounded pool; one
+    that streams (``astream``) does when the run's deltas go somewhere."""
+    astream = getattr(model, "astream", None)
+    deltas = loop.ctx.deltas
+    if astream is not None and deltas is not None:
+        return await _streamed(loop.actor.run_id, deltas, astream, step, call)
     acomplete = getattr(model, "acomplete", None)
     if acomplete is not None:
         completion: Completion = await acomplete(step.messages, step.params, step.tools)
@@ -152,3 +172,33 @@ async def _ask(loop: Stepping, model: ModelClient, step: CallModel) -> Completio
     return await loop.ctx.calls.run(
         lambda: model.complete(step.messages, step.params, step.tools)
     )
+
+
+async def _streamed(
+    run_id: str,
+    deltas: Deltas,
+    astream: Any,
+    step: CallModel,
+    call: tuple[int, int],
+) -> Completion:
+    """The call streamed: a ``start`` marker, each piece of text as it comes, an
+    ``end`` marker (with the reason when the call failed). Publishing never waits
+    and never fails the call."""
+    number, attempt = call
+
+    def publish(kind: DeltaKind, text: str = "") -> None:
+        try:
+            deltas.publish(Delta(run_id, number, attempt, kind, text, time.time()))
+        except Exception as e:
+            log.debug("run %s: a delta was not published: %s", run_id, e)
+
+    publish("start")
+    try:
+        completion: Completion = await astream(
+            step.messages, step.params, step.tools, lambda text: publish("text", text)
+        )
+    except BaseException as e:
+        publish("end", f"{type(e).__name__}: {e}"[:300])
+        raise
+    publish("end")
+    return completion
