@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from types import ModuleType
-from typing import Protocol, TypeVar, final
+from typing import Protocol, TypeVar
 
 from pydantic import JsonValue
 
@@ -156,7 +156,6 @@ class ScriptedModel:
         )
 
 
-@final
 class StreamingScriptedModel(ScriptedModel):
     """A ``ScriptedModel`` that streams: each answer's text in pieces of
     ``piece_chars`` characters, ``piece_gap`` seconds apart (``astream``)."""

@@ -170,7 +170,7 @@ def _anthropic(c: Completion, model: str) -> dict[str, Any]:
 
 def _openai_chunks(
     server: WireServer, c: Completion
-) -> Iterator[tuple[dict[str, Any] | None, str]]:
+) -> Iterator[tuple[dict[str, Any], str]]:
     """The Chat Completions stream of ``c``: (chunk, text piece) pairs, validated
     with the SDK's chunk type; usage last (``stream_options.include_usage``)."""
     from openai.types.chat import ChatCompletionChunk  # noqa: PLC0415
@@ -206,7 +206,7 @@ def _openai_chunks(
 
 def _anthropic_events(
     server: WireServer, c: Completion
-) -> Iterator[tuple[dict[str, Any] | None, str]]:
+) -> Iterator[tuple[dict[str, Any], str]]:
     """The Messages stream of ``c``, each event validated with the SDK's type."""
     from anthropic.types import RawMessageStreamEvent  # noqa: PLC0415
 
@@ -224,9 +224,9 @@ def _anthropic_events(
     }}), ""  # fmt: skip
     index = 0
     if c.content:
-        block = {"type": "text", "text": ""}
+        text = {"type": "text", "text": ""}
         yield (
-            event({"type": "content_block_start", "index": 0, "content_block": block}),
+            event({"type": "content_block_start", "index": 0, "content_block": text}),
             "",
         )
         for piece in server.pieces(c.content):
@@ -238,7 +238,9 @@ def _anthropic_events(
         yield event({"type": "content_block_stop", "index": 0}), ""
         index = 1
     for i, t in enumerate(c.tool_calls, start=index):
-        block = {"type": "tool_use", "id": t.call_id, "name": t.name, "input": {}}
+        block: dict[str, Any] = {
+            "type": "tool_use", "id": t.call_id, "name": t.name, "input": {},
+        }  # fmt: skip
         yield (
             event({"type": "content_block_start", "index": i, "content_block": block}),
             "",
@@ -329,6 +331,7 @@ def _handler(server: WireServer) -> type[BaseHTTPRequestHandler]:
             )
             try:
                 for value, piece in events:
+                    assert value is not None
                     if piece and server.piece_gap:
                         time.sleep(server.piece_gap)
                     name = (
