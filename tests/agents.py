@@ -401,3 +401,18 @@ desk = ToolAgent(
     ),
     conversational=True,
 )
+
+
+# -- streaming on a real model's wire (tests/wire_servers.py) -------------------------
+def _talker_on(wire: str) -> ToolAgent:
+    agent = _research_on(wire)
+    agent.name = f"talker-{wire}"
+    return agent
+
+
+def talker_openai() -> ToolAgent:
+    return _talker_on("openai")
+
+
+def talker_anthropic() -> ToolAgent:
+    return _talker_on("anthropic")

@@ -33,10 +33,13 @@ pytestmark = pytest.mark.integration
 
 
 @contextmanager
-def worker(env: dict[str, str], agent: str) -> Iterator[subprocess.Popen[str]]:
-    """A long-running worker process, stopped with SIGTERM at the end."""
+def worker(
+    env: dict[str, str], agent: str, *more: str
+) -> Iterator[subprocess.Popen[str]]:
+    """A long-running worker process (``more``: its further options), stopped with
+    SIGTERM at the end."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "es_agents.cli", "worker", "--agent", agent],
+        [sys.executable, "-m", "es_agents.cli", "worker", "--agent", agent, *more],
         cwd=ROOT,
         env=_env(**env),
         stdout=subprocess.DEVNULL,
