@@ -117,33 +117,9 @@ class AsyncClient:
     ) -> Reply:
         return await asyncio.to_thread(self.sync.say, run_id, text, by, timeout)
 
-    async def stream(
-        self, run_id: str, timeout: float | None = None
-    ) -> AsyncIterator[Delta]:
-        """``Client.stream`` as an async iterator (read on a thread, handed over
-        to the event loop as each delta comes)."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Delta | BaseException | None] = asyncio.Queue()
-        cancel = threading.Event()
-
-        def pump() -> None:
-            try:
-                for delta in self.sync.stream(run_id, timeout, cancel):
-                    loop.call_soon_threadsafe(queue.put_nowait, delta)
-            except BaseException as e:
-                loop.call_soon_threadsafe(queue.put_nowait, e)
-            finally:
-                loop.call_soon_threadsafe(queue.put_nowait, None)
-
-        pumping = loop.run_in_executor(None, pump)
-        try:
-            while (item := await queue.get()) is not None:
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            cancel.set()
-            await pumping
+    def stream(self, run_id: str, timeout: float | None = None) -> AsyncIterator[Delta]:
+        """``Client.stream`` as an async iterator."""
+        return astream(self.sync, run_id, timeout)
 
     async def cancel(
         self, run_id: str, by: str, reason: str | None = None, wait: float = 10.0
@@ -184,3 +160,35 @@ class AsyncClient:
             if (arrived := waiting.arrived(view)) is not None:
                 return arrived
             await asyncio.sleep(waiting.pause())
+
+
+async def astream(
+    client: Client, run_id: str, timeout: float | None = None
+) -> AsyncIterator[Delta]:
+    """``client.stream`` as an async iterator: read on a thread, each delta handed
+    to the event loop as it comes; leaving the iteration early stops the thread's
+    read too."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Delta | BaseException | None] = asyncio.Queue()
+    cancel = threading.Event()
+
+    def pump() -> None:
+        try:
+            for delta in client.stream(run_id, timeout, cancel):
+                loop.call_soon_threadsafe(queue.put_nowait, delta)
+                if cancel.is_set():
+                    return
+        except BaseException as e:
+            loop.call_soon_threadsafe(queue.put_nowait, e)
+        finally:
+            loop.call_soon_threadsafe(queue.put_nowait, None)
+
+    pumping = loop.run_in_executor(None, pump)
+    try:
+        while (item := await queue.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        cancel.set()
+        await pumping

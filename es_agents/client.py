@@ -199,6 +199,11 @@ class Client:
         self._seals = self.settings.master is not None
         self._cipher = Cipher(ports.vault)
 
+    @property
+    def ports(self) -> Ports:
+        """The adapters this client speaks through."""
+        return self._ports
+
     def close(self) -> None:
         self._ports.close()
 

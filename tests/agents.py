@@ -23,7 +23,14 @@ from es_agents.core.step import Finish, Interrupt, PatchState, Step
 from es_agents.core.versions import StateMigration
 from es_agents.lab import research
 from es_agents.lab.bench import ToolLoop
-from es_agents.models import Completion, ModelClient, ScriptedModel, call, reply
+from es_agents.models import (
+    Completion,
+    ModelClient,
+    ScriptedModel,
+    StreamingScriptedModel,
+    call,
+    reply,
+)
 from es_agents.tools import Tool, ToolContext, tool
 
 _calls = os.environ.get("ES_AGENTS_MODEL_CALLS_LOG")
@@ -395,9 +402,11 @@ steady = ToolLoop(1_000_000)  # until cancelled
 desk = ToolAgent(
     name="desk",
     system_prompt="You are a support desk.",
-    model=ScriptedModel(
+    model=StreamingScriptedModel(  # each answer streams for about 1.5 s
         [reply("Hello! How can I help?"), reply("Your parcel ships today.")],
         model_id="scripted-desk",
+        piece_chars=5,
+        piece_gap=0.3,
     ),
     conversational=True,
 )

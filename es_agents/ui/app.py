@@ -40,6 +40,7 @@ from es_agents.replay import timeline
 from es_agents.settings import ModelPrice
 from es_agents.ui.auth import SignIn, cross_site, csrf_token
 from es_agents.ui.conversation import conversation
+from es_agents.ui.stream import sse
 
 HERE = Path(__file__).parent
 STATUSES = ("running", "paused", "blocked", "completed", "failed", "cancelled")
@@ -67,6 +68,7 @@ def make_app(
             Route("/runs/{run_id}", pages.run_page),
             Route("/runs/{run_id}/body", pages.run_body),
             Route("/runs/{run_id}/approval", pages.approval_box),
+            Route("/runs/{run_id}/stream", pages.stream),
             Route("/runs/{run_id}/{action:str}", pages.decide, methods=["POST"]),
             Route("/dlq", pages.dlq_page),
             Route("/costs", pages.costs_page),
@@ -186,6 +188,12 @@ class _Pages:
         if request.query_params.get("seen") == context["approval_key"]:
             return Response(status_code=204)  # unchanged: the form stays as it is
         return self.page(request, "_approval.html", context)
+
+    async def stream(self, request: Request) -> Response:
+        """The run's answers as they stream (server-sent events, ``ui.stream``)."""
+        run_id = request.path_params["run_id"]
+        response: Response = await _call(sse, self.client, run_id)
+        return response
 
     async def _run(self, run_id: str) -> dict[str, Any]:
         try:

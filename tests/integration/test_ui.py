@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -216,6 +217,14 @@ def test_a_thread_in_the_browser(env: dict[str, str], tmp_path: Path) -> None:
             page.fill("#message", "Where is my parcel?")
             page.click("#send")
             expect(page.locator("#verdict")).to_contain_text("applied")
+            # The answer as it streams, from the call in flight (server-sent events
+            # over the page's session): every piece, then done.
+            streamed = page.request.get(f"{base}/runs/{run}/stream").text()
+            pieces = re.findall(r"event: text\ndata: (\{.*\})", streamed)
+            assert "".join(json.loads(piece)["text"] for piece in pieces).endswith(
+                "ships today."
+            ), streamed
+            assert "event: done" in streamed
             expect(page.locator("#conversation")).to_contain_text(
                 "ann: Where is my parcel?", timeout=30_000
             )
