@@ -80,6 +80,11 @@ class WireServer:
     piece_chars: int = 8
     piece_gap: float = 0.0
     sent: list[tuple[float, str]] = field(default_factory=list)
+    # Answers wait for this (clear it to hold the calls in flight, set to let go).
+    gate: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.gate.set()
 
     def fail_next(self, *faults: Fault) -> None:
         with self.lock:
@@ -303,6 +308,7 @@ def _handler(server: WireServer) -> type[BaseHTTPRequestHandler]:
             with server.lock:
                 server.requests.append(body)
                 fault = server.faults.pop(0) if server.faults else None
+            server.gate.wait(60)
             if fault is not None:
                 time.sleep(fault.delay)
                 if fault.body is not None:

@@ -3,6 +3,8 @@ rich) and ``events tail [--run RUN]`` (new events as they are appended)."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from datetime import datetime
@@ -11,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from es_agents.cli.base import cli, emit, machine, output_option
-from es_agents.errors import DecodeError
+from es_agents.errors import DecodeError, NotFound
 
 if TYPE_CHECKING:
+    from es_agents.client import Client
     from es_agents.core.events import Event
     from es_agents.ports import EventLog
 
@@ -84,17 +87,23 @@ def show(run_id: str, follow: bool, every: float) -> None:
     """A run's timeline: each event with its time and the time since the one before
     (step durations), model calls (model, tokens, latency, cost), tool calls (args,
     result, key, reconciled), pauses, decisions and who took them, payload
-    references. --follow keeps it going until the run ends (Ctrl-C stops)."""
+    references. --follow keeps it going until the run ends (Ctrl-C stops), with
+    the model's answers as they stream (on stderr; -o json: "delta" lines)."""
     from es_agents.cli.commands import client  # noqa: PLC0415
     from es_agents.replay import timeline  # noqa: PLC0415
 
     shown = 0
-    with client() as c:
+    with client() as c, _streaming(c, run_id, follow):
         prices = c.settings.prices
 
         def more() -> None:
             nonlocal shown
-            entries = timeline(c.events(run_id), prices)
+            try:
+                entries = timeline(c.events(run_id), prices)
+            except NotFound:
+                if not follow or not c.status(run_id).status == "pending":
+                    raise
+                entries = []  # followed from its start, once a worker applies it
             if machine():
                 for entry in entries[shown:]:
                     emit(entry)
@@ -112,6 +121,38 @@ def show(run_id: str, follow: bool, every: float) -> None:
                     click.echo(f"status: {status}", err=True)
                 return
             time.sleep(every)
+
+
+@contextlib.contextmanager
+def _streaming(c: Client, run_id: str, follow: bool) -> Iterator[None]:
+    """While following: the run's streamed answers printed as they come, by a
+    thread of their own (``Client.stream``, again after each pause)."""
+    if not follow or c.ports.deltas is None:
+        yield
+        return
+    stop = threading.Event()
+
+    def show_deltas() -> None:
+        while not stop.is_set():
+            for delta in c.stream(run_id, cancel=stop):
+                if machine():
+                    emit({"delta": {"kind": delta.kind, "step": delta.step,
+                          "attempt": delta.attempt, "text": delta.text}})  # fmt: skip
+                elif delta.kind == "start":
+                    click.echo(f"step {delta.step} model ▸ ", nl=False, err=True)
+                elif delta.kind == "text":
+                    click.echo(delta.text, nl=False, err=True)
+                else:
+                    click.echo(f" ({delta.text})" if delta.text else "", err=True)
+            stop.wait(1.0)  # the run waits: look for its next call in a while
+
+    thread = threading.Thread(target=show_deltas, daemon=True, name="es-deltas")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
 
 
 @cli.group()

@@ -7,21 +7,27 @@ under a new attempt, which streams again, and its completion is the one recorded
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from es_agents.client import Client
 from es_agents.core import replay
 from es_agents.core.events import ModelCallRequested, ModelResponded
+from es_agents.lab.demo import _env
 from es_agents.models import call, reply
 from es_agents.ports import Delta
 from es_agents.settings import KafkaSettings, Settings
 from tests.integration.test_commands import until, worker
 from tests.integration.test_runtime import _events
+from tests.test_support import ROOT
 from tests.wire_servers import wire_server
 
 pytestmark = pytest.mark.integration
@@ -44,18 +50,40 @@ def _follow(client: Client, run_id: str) -> tuple[list[Delta], threading.Thread]
 
 @pytest.mark.parametrize("wire", ["openai", "anthropic"])
 def test_a_streamed_answer_reaches_a_follower_whole(
-    wire: str, env: dict[str, str], kafka_settings: KafkaSettings, database_url: str
+    wire: str,
+    env: dict[str, str],
+    kafka_settings: KafkaSettings,
+    database_url: str,
+    tmp_path: Path,
 ) -> None:
     with wire_server(wire, SCRIPT) as server:  # type: ignore[arg-type]
         server.piece_chars, server.piece_gap = 9, 0.01
         env = {**env, "ES_AGENTS_TEST_WIRE_URL": server.url}
         settings = Settings(kafka=kafka_settings, database_url=database_url)
+        server.gate.clear()  # the first call waits until show follows the run
+        output = tmp_path / "show.jsonl"
         with Client(settings) as client, worker(env, f"tests.agents:talker_{wire}"):
             run = client.start(f"talker-{wire}", '{"topic": "streams"}', wait=0)
             got, watcher = _follow(client, run.run_id)
-            client.wait(run.run_id, timeout=60)
-            watcher.join(60)
+            with output.open("w") as out_file:
+                shown = subprocess.Popen(  # show --follow prints the deltas too
+                    [sys.executable, "-m", "es_agents.cli", "show", run.run_id,
+                     "--follow", "-o", "json"],
+                    cwd=ROOT, env=_env(**env, PYTHONUNBUFFERED="1"),
+                    stdout=out_file, text=True,
+                )  # fmt: skip
+                until(lambda: "model_call_requested" in output.read_text(),
+                      what="show following the call in flight")  # fmt: skip
+                server.gate.set()
+                client.wait(run.run_id, timeout=60)
+                watcher.join(60)
+                shown.wait(60)
+            out = output.read_text()
         assert not watcher.is_alive()
+        lines = [json.loads(line) for line in out.splitlines()]
+        followed = [line["delta"] for line in lines if "delta" in line]
+        assert LONG in "".join(d["text"] for d in followed)
+        assert any(line.get("type") == "run_completed" for line in lines)
         assert server.rejected == []
         assert all(r.get("stream") is True for r in server.requests)
         state = replay(_events(kafka_settings, run.run_id))
