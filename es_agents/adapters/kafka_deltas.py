@@ -1,6 +1,6 @@
 """The stream of model answers in flight (``Deltas``) on a Kafka topic of its own,
 ``<prefix>.stream``: keyed by run id, JSON values, kept an hour. It is not part of
-the log: produced without waiting (acks=1, no idempotence, 1 ms linger), and a
+the log: produced without waiting (acks=0, no idempotence, 5 ms linger), and a
 delta that is lost is a gap in what a watcher sees, never in the run. A follower
 finds where to start by time (``offsets_for_times``), so one attaching in the
 middle of a call gets what was sent of it so far."""
@@ -96,9 +96,11 @@ class KafkaDeltas:
                         _client(
                             {
                                 **self.settings.to_librdkafka(),
-                                "acks": 1,
+                                # Nobody waits for a delta's acknowledgement:
+                                # none is asked for (the broker does less too).
+                                "acks": 0,
                                 "enable.idempotence": False,
-                                "linger.ms": 1,
+                                "linger.ms": 5,
                                 "message.timeout.ms": 10_000,
                                 "partitioner": "murmur2_random",
                             }
@@ -130,7 +132,11 @@ class KafkaDeltas:
             start = consumer.offsets_for_times([wanted], timeout=10)[0].offset
             consumer.assign([TP(self.topic, partition, start if start >= 0 else -1)])
             while True:
-                msgs = consumer.consume(500, timeout=0.1)
+                # One message as soon as it comes (consume(n) would wait for n or
+                # the timeout), then whatever else is already here.
+                msgs = consumer.consume(1, timeout=0.1)
+                if msgs:
+                    msgs += consumer.consume(500, timeout=0)
                 for msg in msgs:
                     if msg.error() is not None or msg.key() != key:
                         continue

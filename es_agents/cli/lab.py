@@ -45,6 +45,25 @@ def bench_parallel_command(calls: int, latency_ms: float, repeats: int) -> None:
     bench_parallel(calls, latency_ms, repeats, click.echo)
 
 
+@bench.command("stream")
+@click.option("--runs", type=int, default=20, show_default=True)
+@click.option("--pieces", type=int, default=20, show_default=True)
+@click.option("--gap-ms", type=float, default=20, show_default=True)
+@click.option("--cpu-runs", type=int, default=100, show_default=True)
+@click.option("--repeats", type=int, default=3, show_default=True)
+def bench_stream_command(
+    runs: int, pieces: int, gap_ms: float, cpu_runs: int, repeats: int
+) -> None:
+    """Streamed answers: server write to follower (p50, p95), and the worker's CPU
+    per model call not streamed, streamed, and streamed with publishing."""
+    import logging  # noqa: PLC0415
+
+    from es_agents.lab.bench_stream import bench_stream  # noqa: PLC0415
+
+    logging.getLogger("es_agents.runtime.worker").setLevel(logging.WARNING)
+    bench_stream(runs, pieces, gap_ms, cpu_runs, repeats, click.echo)
+
+
 @bench.command("resume")
 @click.option("--lengths", default="10,1000,10000,100000", show_default=True)
 @click.option("--repeats", type=int, default=7, show_default=True)
