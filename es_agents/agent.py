@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any, Protocol
 
-from pydantic import JsonValue
+from pydantic import JsonValue, ValidationError
 
 from es_agents.core.approvals import ApprovalPolicy
 from es_agents.core.budget import Budget
@@ -31,6 +31,7 @@ from es_agents.core.step import (
     Finish,
     Interrupt,
     Message,
+    Respond,
     Step,
     args_hash,
 )
@@ -93,7 +94,7 @@ class ToolAgent:
 
     def _gated(self, name: str) -> bool:
         tool = self.tools.get(name)
-        return tool is not None and tool.requires_approval
+        return tool is not None and (tool.requires_approval or tool.asks_human)
 
     def versions(self) -> dict[str, str | int]:
         return {
@@ -126,6 +127,8 @@ class ToolAgent:
                 return free[0]
             call = state.open_tool_calls[0]
             tool = self.tools.get(call.name)
+            if tool is not None and tool.asks_human:
+                return _ask_human(state, call, tool)
             if tool is not None and tool.requires_approval:
                 decided = state.gate_decisions.get(tool.name) or {}
                 seq = decided.get("seq")
@@ -160,6 +163,50 @@ class ToolAgent:
             dict(self.params),
             tuple(t.schema() for t in self.tool_list),
         )
+
+
+def _ask_human(state: RunState, call: ToolCall, tool: Tool[Any]) -> Step:
+    """The person's answer as the call's result, once it came and fits the answer
+    model; else a pause for it (again, saying why, when the last one did not fit)."""
+    detail: dict[str, JsonValue] = {
+        "call_id": call.call_id,
+        "tool": call.name,
+        "question": _question(call.args_json),
+    }
+    if tool.answer_model is not None:
+        detail["answer_schema"] = tool.answer_model.model_json_schema()
+    given = state.last_resume
+    if (
+        given is None
+        or given.reason != "input"
+        or given.input_json is None
+        or given.seq < state.last_outcome_seq
+    ):
+        return Interrupt(reason="awaiting_input", detail=detail)
+    try:
+        answer: JsonValue = json.loads(given.input_json)
+    except ValueError:
+        answer = given.input_json
+    if tool.answer_model is not None:
+        try:
+            tool.answer_model.model_validate(answer)
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or 'answer'}: {err['msg']}"
+                for err in e.errors(include_url=False, include_input=False)
+            )
+            detail["invalid"] = f"the last answer does not fit: {problems}"
+            return Interrupt(reason="awaiting_input", detail=detail)
+    return Respond(call.call_id, answer)
+
+
+def _question(args_json: str) -> str:
+    try:
+        args = json.loads(args_json)
+    except ValueError:
+        return args_json
+    question = args.get("question") if isinstance(args, dict) else None
+    return str(question) if question is not None else args_json
 
 
 def _rejection(decided: dict[str, JsonValue]) -> str:

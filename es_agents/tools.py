@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, Literal, TypeVar
 
-from pydantic import BaseModel, JsonValue, ValidationError
+from pydantic import BaseModel, Field, JsonValue, ValidationError
 
 from es_agents.core.approvals import ApprovalPolicy
 from es_agents.core.step import canonical_json
@@ -89,6 +89,10 @@ class Tool(Generic[A]):
     # "tell_model": the rejection and the approver's reason are the call's result,
     # and the model goes on (it may try another way).
     on_reject: Literal["end", "tell_model"] = "end"
+    # A person answers the call (``ask_human``): nothing runs; the run waits for
+    # the answer (provide-input), checked against ``answer_model`` when given.
+    asks_human: bool = False
+    answer_model: type[BaseModel] | None = None
 
     def parse(self, args: dict[str, JsonValue]) -> A:
         try:
@@ -163,3 +167,35 @@ def tool(
 def tools_hash(tools: list[Tool[BaseModel]] | tuple[Tool[BaseModel], ...]) -> str:
     schemas = sorted((t.schema() for t in tools), key=lambda s: str(s["name"]))
     return "sha256:" + hashlib.sha256(canonical_json(schemas).encode()).hexdigest()
+
+
+class Question(BaseModel):
+    question: str = Field(description="The question, in full: the person sees it alone")
+
+
+def ask_human(
+    answer: type[BaseModel] | None = None,
+    *,
+    name: str = "ask_human",
+    description: str = (
+        "Ask a person and wait for the answer (it may take days). Use it when you "
+        "need a fact or a choice only a person can give."
+    ),
+) -> Tool[Question]:
+    """A tool the model calls to ask a person: the run pauses (``awaiting_input``,
+    with the question, and ``answer``'s JSON Schema when given) as a row; an input
+    (``provide-input``, the UI) answers it, checked against ``answer`` -- one that
+    does not fit asks again, saying why -- and the answer is the call's result."""
+
+    def unreachable(args: Question, ctx: ToolContext) -> JsonValue:
+        raise TerminalToolError(f"{name} is answered by a person, never run")
+
+    return Tool(
+        name=name,
+        fn=unreachable,
+        args_model=Question,
+        description=description,
+        side_effect=False,
+        asks_human=True,
+        answer_model=answer,
+    )

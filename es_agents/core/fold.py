@@ -185,12 +185,12 @@ def _(event: ToolReturned, state: RunState) -> None:
             state.reconciled_calls += 1
         name = pending.tool
     else:
-        # A call declined without running (rejected at its gate): an error result
-        # for a call the model asked for and nobody requested.
+        # A call settled without running: declined at its gate (an error) or
+        # answered by a person (``ask_human``); nothing was requested.
         asked = next(
             (c for c in state.open_tool_calls if c.call_id == event.call_id), None
         )
-        if asked is None or event.error is None or event.reconciled:
+        if asked is None or event.reconciled:
             raise FoldError(
                 f"run {state.run_id}: tool_returned for {event.call_id} without its "
                 "request"

@@ -104,6 +104,15 @@ class Decline:
 
 
 @dataclass(frozen=True)
+class Respond:
+    """A call the model asked for that is answered without running anything (a
+    person's answer to ``ask_human``): its result is ``result``."""
+
+    call_id: str
+    result: JsonValue
+
+
+@dataclass(frozen=True)
 class Finish:
     output: JsonValue
 
@@ -115,7 +124,15 @@ class Fail:
 
 
 Step = (
-    CallModel | CallTool | CallTools | Decline | PatchState | Interrupt | Finish | Fail
+    CallModel
+    | CallTool
+    | CallTools
+    | Decline
+    | Respond
+    | PatchState
+    | Interrupt
+    | Finish
+    | Fail
 )
 
 

@@ -56,6 +56,7 @@ from es_agents.core.step import (
     Interrupt,
     PatchState,
     Refused,
+    Respond,
     canonical_json,
     decide,
     pass_gate,
@@ -85,6 +86,7 @@ STEP_TYPES = (
     CallTool,
     CallTools,
     Decline,
+    Respond,
     PatchState,
     Interrupt,
     Finish,
@@ -406,7 +408,7 @@ class RunLoop:
             span.set("es_agents.step.kind", kind)
         self.ctx.telemetry.step(self.agent.name, kind, time.perf_counter() - started)
 
-    async def _advance(self, state: RunState) -> str:  # noqa: PLR0911 - one per kind
+    async def _advance(self, state: RunState) -> str:  # noqa: PLR0911, PLR0912 - per kind
         """Take one step; returns its kind (for metrics)."""
         pending = state.pending
         if isinstance(pending, PendingToolCall):
@@ -443,6 +445,10 @@ class RunLoop:
         if isinstance(step, Decline):  # nothing runs: the outcome is the refusal
             self.add(ToolReturned, call_id=step.call_id, error=step.error)
             return "decline"
+        if isinstance(step, Respond):  # nothing runs: the outcome is given
+            result = canonical_json(step.result)
+            self.add(ToolReturned, call_id=step.call_id, result_json=result)
+            return "respond"
         if isinstance(step, PatchState):
             self.add(StatePatched, key=step.key, value_json=canonical_json(step.value))
             return "patch"

@@ -217,7 +217,7 @@ class _Pages:
     async def decide(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
         action = request.path_params["action"]
-        if action not in ("approve", "reject", "message", "end"):
+        if action not in ("approve", "reject", "message", "end", "input"):
             return _refused(f"no such action: {action}", 404)
         form = await request.form()
         if (why := cross_site(request, _str(form.get("csrf")))) is not None:
@@ -226,7 +226,11 @@ class _Pages:
         if by is None:
             return _refused("sign in first", 401)
         try:
-            if action in ("message", "end"):
+            if action == "input":  # JSON as typed, else the text as a string
+                result = await _call(
+                    self.client.provide_input, run_id, by, _as_value(form.get("text"))
+                )
+            elif action in ("message", "end"):
                 text = _str(form.get("text")) or ""
                 result = await _call(
                     self.client.send_message,
@@ -281,7 +285,8 @@ def _approval_key(view: RunView, awaiting: dict[str, Any] | None) -> str:
     state = view.state
     step = state.step if state is not None else -1
     reason = awaiting["reason"] if awaiting else ""
-    return f"{view.status}:{step}:{reason}"
+    since = state.waiting.since_seq if state is not None and state.waiting else -1
+    return f"{view.status}:{step}:{reason}:{since}"
 
 
 def _awaiting(view: RunView) -> dict[str, Any] | None:
@@ -296,12 +301,24 @@ def _awaiting(view: RunView) -> dict[str, Any] | None:
     if isinstance(args, str):
         with contextlib.suppress(ValueError):  # else shown as recorded
             args = json.dumps(json.loads(args), indent=2)
+    found = detail if isinstance(detail, dict) else {}
     return {
         "reason": state.waiting.reason,
         "gate": state.waiting.gate,
-        "tool": detail.get("tool") if isinstance(detail, dict) else None,
+        "tool": found.get("tool"),
         "args": args,
+        "question": found.get("question"),  # ask_human's
+        "invalid": found.get("invalid"),
     }
+
+
+def _as_value(text: object) -> object:
+    """An answer typed in the page: JSON when it parses, else the text itself."""
+    raw = str(text or "")
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
 
 
 def _costs(

@@ -6,9 +6,9 @@ or on a gate with a quorum, is refused with the reason."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from pydantic import BaseModel, JsonValue
@@ -17,11 +17,11 @@ from es_agents.agent import ToolAgent
 from es_agents.approvals import MemoryKeyring, SigningKey, new_key
 from es_agents.core.approvals import ApprovalPolicy, answered, pause_of
 from es_agents.core.commands import Approve
-from es_agents.core.events import ModelResponded, Resumed
+from es_agents.core.events import ModelResponded, Resumed, ToolReturned
 from es_agents.core.step import Refused, args_hash, decide
-from es_agents.models import ScriptedModel, call, reply
+from es_agents.models import Completion, ScriptedModel, call, reply
 from es_agents.testing import AgentHarness
-from es_agents.tools import ToolContext, tool
+from es_agents.tools import ToolContext, ask_human, tool
 
 WIRES: list[int] = []
 
@@ -151,3 +151,64 @@ def test_a_gate_with_a_quorum_takes_no_edit(
     refused = [v for v in h.ports.book.for_run(run_id) if v.status == "refused"]
     assert len(refused) == 1
     assert "cannot be edited" in (refused[0].reason or "")
+
+
+class Choice(BaseModel):
+    plan: Literal["basic", "pro"]
+
+
+def test_ask_human_pauses_for_an_answer_that_fits_and_the_model_reads_it(
+    es_harness: Callable[[Any], AgentHarness],
+) -> None:
+    seen: list[str] = []
+
+    def after(messages: Sequence[dict[str, Any]]) -> Completion:
+        seen.append(str(messages[-1]["content"]))
+        return reply("You chose pro.")
+
+    agent = ToolAgent(
+        name="seller",
+        system_prompt="Sell.",
+        model=ScriptedModel([call("ask_human", "q1", question="Which plan?"), after]),
+        tool_list=[ask_human(Choice)],
+    )
+    h = es_harness(agent)
+    run_id = h.start()
+    h.run()
+    state = h.state(run_id)
+    assert state.waiting is not None
+    assert state.waiting.reason == "awaiting_input"
+    detail = json.loads(state.waiting.detail_json)
+    assert detail["question"] == "Which plan?"
+    assert detail["answer_schema"]["properties"]["plan"]["enum"] == ["basic", "pro"]
+    h.provide_input(run_id, '{"plan": "gold"}')  # does not fit: asked again
+    h.run()
+    state = h.state(run_id)
+    assert state.waiting is not None
+    assert "does not fit" in json.loads(state.waiting.detail_json)["invalid"]
+    h.provide_input(run_id, '{"plan": "pro"}')
+    h.run()
+    state = h.state(run_id)
+    assert state.status == "completed"
+    assert seen == ['{"plan":"pro"}']  # the answer is the call's result
+    assert state.tool_calls == 0  # nothing ran
+
+
+def test_ask_human_without_a_schema_takes_any_answer(
+    es_harness: Callable[[Any], AgentHarness],
+) -> None:
+    agent = ToolAgent(
+        name="asker",
+        system_prompt="Ask.",
+        model=ScriptedModel([call("ask_human", "q1", question="Name?"), reply("ok")]),
+        tool_list=[ask_human()],
+    )
+    h = es_harness(agent)
+    run_id = h.start()
+    h.run()
+    h.provide_input(run_id, '"Ada"')
+    h.run()
+    events = h.events(run_id)
+    returned = [e for e in events if isinstance(e, ToolReturned)]
+    assert [e.result_json for e in returned] == ['"Ada"']
+    assert h.state(run_id).status == "completed"

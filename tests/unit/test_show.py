@@ -28,6 +28,7 @@ class _EndsBetweenReads:
         ]
         self.last = RunCompleted(run_id=run, seq=2, step=0, output_json="{}")
         self.settings = SimpleNamespace(prices={})
+        self.ports = SimpleNamespace(deltas=None)  # a store that does not stream
 
     def __enter__(self) -> _EndsBetweenReads:
         return self
