@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from importlib import import_module
 from typing import Any, Protocol
 
@@ -133,7 +134,7 @@ class ToolAgent:
                 decided = state.gate_decisions.get(tool.name) or {}
                 seq = decided.get("seq")
                 if not isinstance(seq, int) or seq < state.last_outcome_seq:
-                    return _ask_approval(tool.name, call)
+                    return _ask_approval(tool.name, call, _deadline(state, tool))
                 if decided.get("reason") != "approved":
                     if tool.on_reject == "tell_model":
                         return Decline(call.call_id, _rejection(decided))
@@ -141,7 +142,10 @@ class ToolAgent:
                 approved = decided.get("args_hash")
                 if isinstance(approved, str) and approved != args_hash(call.args_json):
                     return _ask_approval(  # the approval was for other arguments
-                        tool.name, call, void="the arguments changed after the approval"
+                        tool.name,
+                        call,
+                        _deadline(state, tool),
+                        void="the arguments changed after the approval",
                     )
             return _call_tool(call)
         last = state.transcript[-1] if state.transcript else None
@@ -230,8 +234,11 @@ def _call_tool(call: ToolCall) -> CallTool:
     )
 
 
-def _ask_approval(gate: str, call: ToolCall, **more: str) -> Interrupt:
-    """Pause at ``gate`` for a decision on ``call`` (its tool and arguments)."""
+def _ask_approval(
+    gate: str, call: ToolCall, deadline: datetime | None, **more: str
+) -> Interrupt:
+    """Pause at ``gate`` for a decision on ``call`` (its tool and arguments), until
+    ``deadline`` when there is one (then the call is rejected)."""
     return Interrupt(
         reason="awaiting_approval",
         gate=gate,
@@ -239,9 +246,19 @@ def _ask_approval(gate: str, call: ToolCall, **more: str) -> Interrupt:
             "call_id": call.call_id,
             "tool": call.name,
             "args_json": call.args_json,
+            **({"decide_by": deadline.isoformat()} if deadline else {}),
             **more,
         },
+        wake_at=deadline,
     )
+
+
+def _deadline(state: RunState, tool: Tool[Any]) -> datetime | None:
+    """A gate's deadline, counted from the run's last event (the model's answer
+    that asked for the call): the same whoever plans it, whenever."""
+    if tool.decide_within is None or state.updated_at is None:
+        return None
+    return state.updated_at + tool.decide_within
 
 
 def declared_gates(agent: Agent) -> frozenset[str] | None:

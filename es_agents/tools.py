@@ -11,6 +11,7 @@ import hashlib
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field, JsonValue, ValidationError
@@ -93,6 +94,9 @@ class Tool(Generic[A]):
     # the answer (provide-input), checked against ``answer_model`` when given.
     asks_human: bool = False
     answer_model: type[BaseModel] | None = None
+    # A gate's deadline: a call nobody decided this long after the model asked for
+    # it is rejected (on the durable timers; on_reject says what follows).
+    decide_within: timedelta | None = None
 
     def parse(self, args: dict[str, JsonValue]) -> A:
         try:
@@ -142,6 +146,7 @@ def tool(
     approval: ApprovalPolicy | None = None,
     timeout: float | None = 120.0,
     on_reject: Literal["end", "tell_model"] = "end",
+    decide_within: timedelta | None = None,
 ) -> Callable[[ToolFn[A]], Tool[A]]:
     """Declare a tool: ``@tool(Args, honors_idempotency_key=True)``. ``approval``
     (an ``ApprovalPolicy``) implies ``requires_approval``."""
@@ -159,6 +164,7 @@ def tool(
             approval=approval,
             timeout=timeout,
             on_reject=on_reject,
+            decide_within=decide_within,
         )
 
     return wrap

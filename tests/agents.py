@@ -425,3 +425,27 @@ def talker_openai() -> ToolAgent:
 
 def talker_anthropic() -> ToolAgent:
     return _talker_on("anthropic")
+
+
+# -- a gate with a deadline: nobody decides, the call is rejected at it ---------------
+@tool(
+    NoArgs,
+    name="transfer",
+    requires_approval=True,
+    on_reject="tell_model",
+    decide_within=timedelta(seconds=2),
+)
+def transfer(args: NoArgs, ctx: ToolContext) -> JsonValue:
+    """Moves money (needs a decision within 2 s)."""
+    return {"moved": True}
+
+
+hasty = ToolAgent(
+    name="hasty",
+    system_prompt="Transfer, or say why not.",
+    model=ScriptedModel(
+        [call("transfer", "t1"), reply("No decision came; nothing was moved.")],
+        model_id="scripted-hasty",
+    ),
+    tool_list=[transfer],
+)

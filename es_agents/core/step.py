@@ -178,6 +178,9 @@ def request_hash(step: CallModel, model_id: str) -> str:
     return "sha256:" + hashlib.sha256(text + chain).hexdigest()
 
 
+DEADLINE = "(deadline)"  # who rejects a call nobody decided in time
+
+
 class Refused(EsAgentsError):
     """A command that cannot apply to the run as it is; nothing was changed."""
 
@@ -272,10 +275,22 @@ def decide(  # noqa: PLR0912 - one branch per command and verdict
         waiting = state.waiting
         if (
             waiting is None
-            or waiting.reason != "sleeping"
+            or waiting.reason not in ("sleeping", "awaiting_approval")
             or timer_id(state.run_id, waiting.since_seq) != command.timer_id
         ):
             return []  # a stale or repeated timer: nothing to wake
+        if waiting.reason == "awaiting_approval":  # no decision by the deadline
+            out.add(
+                Resumed,
+                reason="rejected",
+                by=DEADLINE,
+                command_id=command.command_id,
+                args_hash=_approved_args(waiting.detail_json),
+                input_json=canonical_json(
+                    {"feedback": f"no decision by {command.due_at.isoformat()}"}
+                ),
+            )
+            return out.events
         out.add(Resumed, reason="timer", command_id=command.command_id)
     else:
         raise Refused(f"unknown command {command.wire_name}")

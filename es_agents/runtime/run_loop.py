@@ -488,9 +488,9 @@ class RunLoop:
             detail_json=canonical_json(detail),
             wake_at=step.wake_at,
         )
-        if step.reason == "sleeping":
-            if step.wake_at is None:
-                raise RunError("planner_error", "Interrupt('sleeping') needs wake_at")
+        if step.reason == "sleeping" and step.wake_at is None:
+            raise RunError("planner_error", "Interrupt('sleeping') needs wake_at")
+        if step.wake_at is not None:  # a sleep's end, or a decision's deadline
             # The timer row is written before the pause is durable: a crash in
             # between leaves a timer that wakes nothing, never a sleep without one.
             await self.ctx.io(

@@ -18,7 +18,7 @@ import pytest
 
 from es_agents.lab.demo import _env, cli
 from es_agents.models import call, reply
-from tests.integration.test_commands import until
+from tests.integration.test_commands import until, worker
 from tests.integration.test_serve import _worker_pid
 from tests.test_support import ROOT
 from tests.wire_servers import wire_server
@@ -130,3 +130,19 @@ def test_a_support_thread_across_a_worker_kill(
             (f"{run}:%",),
         ).fetchall()
     assert [(r[0], float(r[1])) for r in refunds] == [(7, 19.5)]
+
+
+def test_a_deadline_rejects_a_call_nobody_decided(env: dict[str, str]) -> None:
+    """On the durable timers: the gate's deadline passes, the call is rejected,
+    the model hears it and answers."""
+    with worker(env, "tests.agents:hasty"):
+        started = cli(env, "start", "hasty", "--input", "{}")
+        assert started.returncode == 0, started.stderr
+        run = started.stdout.strip()
+        until(lambda: _status(env, run)["status"] == "completed", what="deadline")
+    status = _status(env, run)
+    assert json.loads(str(status["output"])) == {
+        "answer": "No decision came; nothing was moved."
+    }
+    timeline = cli(env, "replay", run, "-o", "json").stdout
+    assert "(deadline)" in timeline

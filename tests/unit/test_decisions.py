@@ -20,7 +20,7 @@ from es_agents.core.commands import Approve
 from es_agents.core.events import ModelResponded, Resumed, ToolReturned
 from es_agents.core.step import Refused, args_hash, decide
 from es_agents.models import Completion, ScriptedModel, call, reply
-from es_agents.testing import AgentHarness
+from es_agents.testing import AgentHarness, VirtualClock
 from es_agents.tools import ToolContext, ask_human, tool
 
 WIRES: list[int] = []
@@ -212,3 +212,73 @@ def test_ask_human_without_a_schema_takes_any_answer(
     returned = [e for e in events if isinstance(e, ToolReturned)]
     assert [e.result_json for e in returned] == ['"Ada"']
     assert h.state(run_id).status == "completed"
+
+
+@tool(
+    Wire,
+    name="wire",
+    requires_approval=True,
+    on_reject="tell_model",
+    decide_within=timedelta(hours=4),
+)
+def wire_by_deadline(args: Wire, ctx: ToolContext) -> JsonValue:
+    WIRES.append(args.amount)
+    return {"sent": args.amount}
+
+
+def test_a_call_nobody_decides_in_time_is_rejected_at_its_deadline(
+    es_harness: Callable[[Any], AgentHarness], virtual_clock: VirtualClock
+) -> None:
+    told: list[str] = []
+
+    def after(messages: Sequence[dict[str, Any]]) -> Completion:
+        told.append(str(messages[-1]["content"]))
+        return reply("Nobody approved the wire; I did not send it.")
+
+    agent = ToolAgent(
+        name="payer",
+        system_prompt="Pay.",
+        model=ScriptedModel([call("wire", "w1", amount=50), after]),
+        tool_list=[wire_by_deadline],
+    )
+    h = es_harness(agent)
+    run_id = h.start()
+    h.run()
+    state = h.state(run_id)
+    assert state.waiting is not None
+    assert state.waiting.wake_at is not None  # the deadline, on the durable timers
+    assert state.updated_at is not None
+    assert state.waiting.wake_at - state.updated_at == timedelta(hours=4)
+    virtual_clock.advance(3 * 3600)
+    h.run()
+    assert h.state(run_id).status == "paused"  # not yet
+    virtual_clock.advance(2 * 3600)
+    h.run()
+    state = h.state(run_id)
+    assert state.status == "completed"
+    assert WIRES == []
+    assert told[0].startswith("error: rejected by (deadline): the call did not run")
+    assert "no decision by" in told[0]
+
+
+def test_a_decision_in_time_leaves_the_deadline_with_nothing_to_do(
+    es_harness: Callable[[Any], AgentHarness], virtual_clock: VirtualClock
+) -> None:
+    agent = ToolAgent(
+        name="payer",
+        system_prompt="Pay.",
+        model=ScriptedModel([call("wire", "w1", amount=50), reply("sent")]),
+        tool_list=[wire_by_deadline],
+    )
+    h = es_harness(agent)
+    run_id = h.start()
+    h.run()
+    h.approve(run_id, by="lead")
+    h.run()
+    seq = h.state(run_id).seq
+    virtual_clock.advance(5 * 3600)  # the timer fires on a run that moved on
+    h.run()
+    state = h.state(run_id)
+    assert state.status == "completed"
+    assert state.seq == seq
+    assert WIRES == [50]
