@@ -18,8 +18,9 @@ from datetime import datetime
 from importlib import import_module
 from typing import Any, Protocol
 
-from pydantic import JsonValue, ValidationError
+from pydantic import BaseModel, JsonValue, ValidationError
 
+from es_agents import typed
 from es_agents.core.approvals import ApprovalPolicy
 from es_agents.core.budget import Budget
 from es_agents.core.events import ToolCall
@@ -29,6 +30,7 @@ from es_agents.core.step import (
     CallTool,
     CallTools,
     Decline,
+    Fail,
     Finish,
     Interrupt,
     Message,
@@ -78,6 +80,23 @@ class ToolAgent:
     # Stream the model's answers to watchers while the call is in flight, when the
     # model client can (``astream``); what is durable is the same either way.
     stream: bool = True
+    # Typed runs (es_agents.typed): the input checked at the start, the final
+    # answer one JSON object that fits the output model (the run's output).
+    input_model: type[BaseModel] | None = None
+    output_model: type[BaseModel] | None = None
+
+    def __post_init__(self) -> None:
+        if self.conversational and self.output_model is not None:
+            raise ConfigError(
+                f"agent {self.name!r}: a conversational agent has no single output "
+                "(output_model is for agents whose run ends with an answer)"
+            )
+
+    def check_input(self, input_json: str) -> str | None:
+        """Why a run may not start with this input (None: it may)."""
+        if self.input_model is None:
+            return None
+        return typed.input_problem(self.input_model, input_json)
 
     @property
     def tools(self) -> Mapping[str, Tool[Any]]:
@@ -103,53 +122,83 @@ class ToolAgent:
             "prompt_hash": "sha256:"
             + hashlib.sha256(self.system_prompt.encode()).hexdigest(),
             "model_id": self.model.model_id if self.model is not None else "",
-            "tools_hash": tools_hash(self.tool_list),
+            "tools_hash": typed.io_hash(
+                tools_hash(self.tool_list), self.input_model, self.output_model
+            ),
         }
 
     def messages(self, state: RunState) -> Conversation:
         """The system prompt and the run's input, then its transcript (read from
         its stored chunks only when the model is sent it)."""
+        system = self.system_prompt
+        if self.output_model is not None:
+            system += "\n\n" + typed.output_instruction(self.output_model)
         head: list[Message] = [
-            {"role": "system", "content": self.system_prompt},
+            {"role": "system", "content": system},
             {"role": "user", "content": state.input_json},
         ]
         return Conversation(head, state.transcript)
 
-    def plan(self, state: RunState) -> Step:  # noqa: PLR0911 - one per outcome
+    def _typed_finish(self, state: RunState, last: Message) -> Step:
+        """The final answer as the output model, or the model asked again."""
+        model = self.output_model
+        assert model is not None  # noqa: S101 - checked by the caller
+        value, why = typed.parse_output(model, last.get("content"))
+        if value is not None:
+            return Finish(value.model_dump(mode="json"))
+        if _invalid_in_a_row(state, model) >= typed.OUTPUT_TRIES:
+            return Fail(
+                f"the answer does not fit {model.__name__} after "
+                f"{typed.OUTPUT_TRIES} tries: {why}",
+                kind=typed.OUTPUT_INVALID,
+            )
+        again: Message = {"role": "user", "content": typed.correction(model, why or "")}
+        conversation = self.messages(state)
+        return CallModel(
+            Conversation(conversation.head, conversation.transcript, [again]),
+            dict(self.params),
+            tuple(t.schema() for t in self.tool_list),
+        )
+
+    def _calls(self, state: RunState) -> Step:  # noqa: PLR0911 - one per outcome
+        """The step for the calls the model asked for: the calls without a gate
+        run at once, concurrently; a gated call waits for its decision (or a
+        person's answer) without holding them."""
+        free = [_call_tool(c) for c in state.open_tool_calls if not self._gated(c.name)]
+        if len(free) > 1:
+            return CallTools(tuple(free))
+        if free:
+            return free[0]
+        call = state.open_tool_calls[0]
+        tool = self.tools.get(call.name)
+        if tool is not None and tool.asks_human:
+            return _ask_human(state, call, tool)
+        if tool is not None and tool.requires_approval:
+            decided = state.gate_decisions.get(tool.name) or {}
+            seq = decided.get("seq")
+            if not isinstance(seq, int) or seq < state.last_outcome_seq:
+                return _ask_approval(tool.name, call, _deadline(state, tool))
+            if decided.get("reason") != "approved":
+                if tool.on_reject == "tell_model":
+                    return Decline(call.call_id, _rejection(decided))
+                return Finish({"rejected": call.name, "by": decided.get("by")})
+            approved = decided.get("args_hash")
+            if isinstance(approved, str) and approved != args_hash(call.args_json):
+                return _ask_approval(  # the approval was for other arguments
+                    tool.name,
+                    call,
+                    _deadline(state, tool),
+                    void="the arguments changed after the approval",
+                )
+        return _call_tool(call)
+
+    def plan(self, state: RunState) -> Step:
         if state.open_tool_calls:
-            # The calls without a gate run at once, concurrently; a gated call
-            # waits for its decision without holding them.
-            free = [
-                _call_tool(c) for c in state.open_tool_calls if not self._gated(c.name)
-            ]
-            if len(free) > 1:
-                return CallTools(tuple(free))
-            if free:
-                return free[0]
-            call = state.open_tool_calls[0]
-            tool = self.tools.get(call.name)
-            if tool is not None and tool.asks_human:
-                return _ask_human(state, call, tool)
-            if tool is not None and tool.requires_approval:
-                decided = state.gate_decisions.get(tool.name) or {}
-                seq = decided.get("seq")
-                if not isinstance(seq, int) or seq < state.last_outcome_seq:
-                    return _ask_approval(tool.name, call, _deadline(state, tool))
-                if decided.get("reason") != "approved":
-                    if tool.on_reject == "tell_model":
-                        return Decline(call.call_id, _rejection(decided))
-                    return Finish({"rejected": call.name, "by": decided.get("by")})
-                approved = decided.get("args_hash")
-                if isinstance(approved, str) and approved != args_hash(call.args_json):
-                    return _ask_approval(  # the approval was for other arguments
-                        tool.name,
-                        call,
-                        _deadline(state, tool),
-                        void="the arguments changed after the approval",
-                    )
-            return _call_tool(call)
+            return self._calls(state)
         last = state.transcript[-1] if state.transcript else None
         if last is not None and last.get("role") == "assistant":
+            if self.output_model is not None:
+                return self._typed_finish(state, last)
             if not self.conversational:
                 return Finish({"answer": last.get("content")})
             turns = self.budget.max_turns
@@ -167,6 +216,20 @@ class ToolAgent:
             dict(self.params),
             tuple(t.schema() for t in self.tool_list),
         )
+
+
+def _invalid_in_a_row(state: RunState, model: type[BaseModel]) -> int:
+    """How many of the run's last answers in a row did not fit ``model``."""
+    count = 0
+    transcript = state.transcript
+    for i in range(len(transcript) - 1, -1, -1):
+        message = transcript[i]
+        if message.get("role") != "assistant" or message.get("tool_calls"):
+            break
+        if typed.parse_output(model, message.get("content"))[0] is not None:
+            break
+        count += 1
+    return count
 
 
 def _ask_human(state: RunState, call: ToolCall, tool: Tool[Any]) -> Step:

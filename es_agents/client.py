@@ -66,6 +66,7 @@ SERVED_WITHIN_SECONDS = 30.0
 SERVED_GRACE_SECONDS = 10.0
 AGENT_CACHE_SECONDS = 1.0
 X = TypeVar("X")
+M = TypeVar("M", bound=BaseModel)
 SIGNED_FOR = timedelta(minutes=15)  # a signed decision's default validity
 # A stream starts this long before the run's last event (clocks differ a little).
 STREAM_LOOKBACK = timedelta(seconds=5)
@@ -139,6 +140,14 @@ class RunView:
     dead_letters: list[tuple[str, int, int, str]] = field(default_factory=list)
     loaded_from: dict[str, int | None] = field(default_factory=dict)
     payload_problem: str | None = None  # a claim-checked payload that did not load
+
+    def output_as(self, model: type[M]) -> M:
+        """The run's output as ``model`` (a typed agent's output model); raises
+        ``ValueError`` when the run has no output (yet) or it does not fit."""
+        output = self.state.output_json if self.state is not None else None
+        if output is None:
+            raise ValueError(f"run {self.run_id} has no output (it is {self.status})")
+        return model.model_validate_json(output)
 
 
 @dataclass(frozen=True)

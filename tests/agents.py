@@ -449,3 +449,26 @@ hasty = ToolAgent(
     ),
     tool_list=[transfer],
 )
+
+
+# -- a typed agent: its input and output are pydantic models ---------------------------
+class TicketIn(BaseModel):
+    title: str
+    priority: int
+
+
+class TriageOut(BaseModel):
+    team: str
+    urgent: bool
+
+
+triage = ToolAgent(
+    name="triage",
+    system_prompt="Route the ticket.",
+    model=ScriptedModel(
+        [reply("ops?"), reply('{"team": "ops", "urgent": true}')],
+        model_id="scripted-triage",
+    ),
+    input_model=TicketIn,
+    output_model=TriageOut,
+)

@@ -166,8 +166,9 @@ def request_hash(step: CallModel, model_id: str) -> str:
     ``Conversation``; any other sequence is all leading messages). Extending a
     stored chain costs the messages since the snapshot, not the conversation."""
     messages = step.messages
+    tail: list[Message] = []
     if isinstance(messages, Conversation):
-        head, chain = messages.head, messages.transcript.chain()
+        head, chain, tail = messages.head, messages.transcript.chain(), messages.tail
     else:
         head, chain = list(messages), EMPTY_CHAIN
     header = {"model": model_id, "tools": list(step.tools), "params": step.params}
@@ -175,7 +176,9 @@ def request_hash(step: CallModel, model_id: str) -> str:
         canonical_bytes(header),
         canonical_bytes(head),
     )
-    return "sha256:" + hashlib.sha256(text + chain).hexdigest()
+    # Trailing messages only when there are some: other hashes stay as they were.
+    after = b"\n%s" % canonical_bytes(tail) if tail else b""
+    return "sha256:" + hashlib.sha256(text + chain + after).hexdigest()
 
 
 DEADLINE = "(deadline)"  # who rejects a call nobody decided in time

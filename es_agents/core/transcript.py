@@ -218,16 +218,23 @@ def _changing(load: ChunkLoader, change: Callable[[Message], Message]) -> ChunkL
 
 class Conversation(Sequence[Message]):
     """What a model call sends: the planner's leading messages (``head``), then the
-    run's transcript -- read when a model is sent it, not before."""
+    run's transcript -- read when a model is sent it, not before -- then the
+    planner's trailing messages (``tail``: e.g. why its last answer did not do)."""
 
-    __slots__ = ("head", "transcript")
+    __slots__ = ("head", "tail", "transcript")
 
-    def __init__(self, head: Sequence[Message], transcript: Transcript) -> None:
+    def __init__(
+        self,
+        head: Sequence[Message],
+        transcript: Transcript,
+        tail: Sequence[Message] = (),
+    ) -> None:
         self.head = list(head)
         self.transcript = transcript
+        self.tail = list(tail)
 
     def __len__(self) -> int:
-        return len(self.head) + len(self.transcript)
+        return len(self.head) + len(self.transcript) + len(self.tail)
 
     @overload
     def __getitem__(self, index: int) -> Message: ...
@@ -241,11 +248,15 @@ class Conversation(Sequence[Message]):
         index = _position(index, len(self))
         if index < len(self.head):
             return self.head[index]
-        return self.transcript[index - len(self.head)]
+        index -= len(self.head)
+        if index < len(self.transcript):
+            return self.transcript[index]
+        return self.tail[index - len(self.transcript)]
 
     def __iter__(self) -> Iterator[Message]:
         yield from self.head
         yield from self.transcript
+        yield from self.tail
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, (Sequence)) and not isinstance(other, (str, bytes)):
@@ -255,4 +266,4 @@ class Conversation(Sequence[Message]):
     __hash__ = None  # type: ignore[assignment]
 
     def __repr__(self) -> str:
-        return f"Conversation({self.head!r}, {self.transcript!r})"
+        return f"Conversation({self.head!r}, {self.transcript!r}, {self.tail!r})"

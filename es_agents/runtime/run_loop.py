@@ -313,6 +313,9 @@ class RunLoop:
         if isinstance(command, StartRun) and self.state is None:
             if command.agent != mine:
                 raise NotMine
+            check = getattr(self.agent, "check_input", None)  # a typed agent's
+            if check is not None and (why := check(command.input_json)) is not None:
+                raise Refused(why)
             event = start(command, fingerprint(self.ctx.running))  # type: ignore[arg-type]
             self.state = fold(RunState(run_id=command.run_id), event)
             self.buffer.append(event)
