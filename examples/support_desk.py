@@ -10,7 +10,10 @@ the call's idempotency key).
     RUN=$(es-agents start support-desk --input '"Hi, my order 7 arrived broken."')
     es-agents show $RUN                      # the model's first answer
     es-agents say $RUN "Can I get a refund?" # prints the answer; a refund waits...
-    es-agents approve $RUN --by lead         # ...for a decision
+    es-agents approve $RUN --by lead --args '{"order": 7, "amount": 10}'  # edited
+    es-agents say $RUN "And order 8?"        # another refund...
+    es-agents reject $RUN --by lead --reason "order 8 was refunded last week"
+    es-agents show $RUN --follow             # ...the model answers the rejection
     es-agents say $RUN --end                 # the thread ends with its last answer
 """
 
@@ -61,6 +64,7 @@ def lookup_refund(key: str) -> Lookup:
     requires_approval=True,
     honors_idempotency_key=True,
     lookup=lookup_refund,
+    on_reject="tell_model",  # a rejected refund: the model hears why and answers
 )
 def refund(args: RefundArgs, ctx: ToolContext) -> JsonValue:
     """Refund an order (needs a person's approval)."""
