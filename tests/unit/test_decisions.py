@@ -20,7 +20,7 @@ from es_agents.core.commands import Approve
 from es_agents.core.events import ModelResponded, Resumed, ToolReturned
 from es_agents.core.step import Refused, args_hash, decide
 from es_agents.models import Completion, ScriptedModel, call, reply
-from es_agents.testing import AgentHarness, VirtualClock
+from es_agents.testing import AgentHarness, Crashed, VirtualClock
 from es_agents.tools import ToolContext, ask_human, tool
 
 WIRES: list[int] = []
@@ -247,8 +247,8 @@ def test_a_call_nobody_decides_in_time_is_rejected_at_its_deadline(
     state = h.state(run_id)
     assert state.waiting is not None
     assert state.waiting.wake_at is not None  # the deadline, on the durable timers
-    assert state.updated_at is not None
-    assert state.waiting.wake_at - state.updated_at == timedelta(hours=4)
+    answered = next(e for e in h.events(run_id) if isinstance(e, ModelResponded))
+    assert state.waiting.wake_at - answered.at == timedelta(hours=4)
     virtual_clock.advance(3 * 3600)
     h.run()
     assert h.state(run_id).status == "paused"  # not yet
@@ -282,3 +282,50 @@ def test_a_decision_in_time_leaves_the_deadline_with_nothing_to_do(
     assert state.status == "completed"
     assert state.seq == seq
     assert WIRES == [50]
+
+
+@pytest.mark.parametrize(
+    "point", ["after_append:resumed", "after_append:tool_call_requested"]
+)
+def test_a_crash_between_an_edit_and_its_call_runs_the_edit_once(
+    es_harness: Callable[[Any], AgentHarness], point: str
+) -> None:
+    h = es_harness(_payer(wire))
+    run_id = h.start()
+    h.run()
+    h.approve(run_id, by="lead", args_json='{"amount": 900}')
+    with pytest.raises(Crashed):
+        h.run(crash_at=point)
+    h.run()
+    assert WIRES == [900]
+    assert h.state(run_id).status == "completed"
+
+
+def test_a_crash_as_a_deadline_fires_rejects_once(
+    es_harness: Callable[[Any], AgentHarness], virtual_clock: VirtualClock
+) -> None:
+    told: list[str] = []
+
+    def after(messages: Sequence[dict[str, Any]]) -> Completion:
+        told.append(str(messages[-1]["content"]))
+        return reply("not sent")
+
+    agent = ToolAgent(
+        name="payer",
+        system_prompt="Pay.",
+        model=ScriptedModel([call("wire", "w1", amount=50), after]),
+        tool_list=[wire_by_deadline],
+    )
+    h = es_harness(agent)
+    run_id = h.start()
+    h.run()
+    virtual_clock.advance(5 * 3600)
+    with pytest.raises(Crashed):
+        h.run(crash_at="after_append:resumed")  # the rejection durable, then death
+    h.run()
+    state = h.state(run_id)
+    assert state.status == "completed"
+    resumed = [e for e in h.events(run_id) if isinstance(e, Resumed)]
+    assert [(e.reason, e.by) for e in resumed] == [("rejected", "(deadline)")]
+    assert len(told) == 1
+    assert WIRES == []
