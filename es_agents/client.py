@@ -11,19 +11,24 @@ and the log beyond the projector's offset; nothing scans a topic from its start.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, JsonValue, SerializeAsAny, SkipValidation
-from pydantic.dataclasses import dataclass as pydantic_dataclass
+from pydantic import BaseModel
 
 from es_agents.approvals import SigningKey
+from es_agents.client_types import (
+    FINISHED_OR_WAITING,
+    CommandResult,
+    Reply,
+    RunView,
+    Waiting,
+    as_json,
+)
 from es_agents.core.approvals import answered, decision_of, pause_of
 from es_agents.core.commands import (
     Approve,
@@ -37,28 +42,38 @@ from es_agents.core.commands import (
 )
 from es_agents.core.events import Event
 from es_agents.core.fold import fold
-from es_agents.core.state import PendingModelCall, RunState
+from es_agents.core.state import RunState
 from es_agents.core.step import Refused, decide, last_reply, start
 from es_agents.dead_letters import DeadLetter, read_dead_letters
 from es_agents.errors import (
     ConfigError,
     EsAgentsError,
-    InvalidInput,
     NotFound,
     PayloadUnavailable,
 )
+from es_agents.following import follow_run
 from es_agents.ports import (
     Decided,
     Delta,
     Ports,
     Position,
     ServedAgent,
-    ServingWorker,
     Verdict,
 )
 from es_agents.runtime.loader import RunLoader
+from es_agents.served import served_agents
 from es_agents.settings import Settings, load_settings
 from es_agents.vault import Cipher
+
+__all__ = [
+    "FINISHED_OR_WAITING",
+    "Client",
+    "CommandResult",
+    "Reply",
+    "RunView",
+    "Waiting",
+    "as_json",
+]
 
 # A worker writes its agent's row every 5 s: older than this, nobody serves it.
 SERVED_WITHIN_SECONDS = 30.0
@@ -68,119 +83,6 @@ AGENT_CACHE_SECONDS = 1.0
 X = TypeVar("X")
 M = TypeVar("M", bound=BaseModel)
 SIGNED_FOR = timedelta(minutes=15)  # a signed decision's default validity
-# A stream starts this long before the run's last event (clocks differ a little).
-STREAM_LOOKBACK = timedelta(seconds=5)
-# After the run stopped working, deltas still on their way are read this long.
-STREAM_DRAIN_SECONDS = 0.3
-# A run nobody knows of is followed this long (its start may be on its way).
-STREAM_UNKNOWN_SECONDS = 10.0
-
-
-FINISHED_OR_WAITING = ("completed", "failed", "cancelled", "paused")
-
-
-@dataclass
-class Waiting:
-    """One ``wait``: whether the run got there, raising ``TimeoutError`` once past
-    the deadline, and how long to sleep until the next look (backing off)."""
-
-    run_id: str
-    wanted: frozenset[str]
-    timeout: float
-    deadline: float = 0.0
-    sleep: float = 0.005
-
-    def __post_init__(self) -> None:
-        self.deadline = time.monotonic() + self.timeout
-
-    def arrived(self, view: RunView | None) -> RunView | None:
-        if view is not None and view.status in self.wanted:
-            return view
-        if time.monotonic() > self.deadline:
-            seen = view.status if view is not None else "unknown"
-            raise TimeoutError(
-                f"run {self.run_id} is {seen}, not {'/'.join(sorted(self.wanted))}, "
-                f"after {self.timeout:g} s"
-            )
-        return None
-
-    def pause(self) -> float:
-        pause, self.sleep = self.sleep, min(self.sleep * 2, 0.25)
-        return pause
-
-
-_TYPED = ConfigDict(arbitrary_types_allowed=True)
-
-
-@pydantic_dataclass(frozen=True, config=_TYPED)
-class CommandResult:
-    """What became of a command: applied, refused (with the reason), or queued.
-    A pydantic dataclass: ``TypeAdapter(CommandResult).dump_json(result)``."""
-
-    command: SerializeAsAny[Command]
-    status: Literal["applied", "refused", "queued"]
-    reason: str | None = None
-    position: Position | None = None
-
-    @property
-    def run_id(self) -> str:
-        return self.command.run_id
-
-
-@pydantic_dataclass(frozen=True, config=_TYPED)
-class RunView:
-    """A run as a client sees it: its folded state (as the fold made it, not
-    revalidated), or a start still pending."""
-
-    run_id: str
-    status: str
-    agent: str
-    state: SkipValidation[RunState | None]
-    refused: SkipValidation[list[Verdict]] = field(default_factory=list)
-    dead_letters: list[tuple[str, int, int, str]] = field(default_factory=list)
-    loaded_from: dict[str, int | None] = field(default_factory=dict)
-    payload_problem: str | None = None  # a claim-checked payload that did not load
-
-    def output_as(self, model: type[M]) -> M:
-        """The run's output as ``model`` (a typed agent's output model); raises
-        ``ValueError`` when the run has no output (yet) or it does not fit."""
-        output = self.state.output_json if self.state is not None else None
-        if output is None:
-            raise ValueError(f"run {self.run_id} has no output (it is {self.status})")
-        return model.model_validate_json(output)
-
-
-@dataclass(frozen=True)
-class Reply:
-    """A thread's answer: to which message (``turn``), its text, the run's status
-    after it and why it waits (``awaiting_message``: for the next message;
-    ``awaiting_approval``: a tool call the answer asked for needs a decision)."""
-
-    run_id: str
-    turn: int
-    text: JsonValue
-    status: str
-    waiting: str | None = None
-
-
-def as_json(value: object, what: str) -> str:
-    """``value`` as JSON text: a string is taken as JSON text (and must parse), a
-    pydantic model as its JSON, anything else must be a JSON value."""
-    if isinstance(value, BaseModel):
-        return value.model_dump_json()
-    if isinstance(value, str):
-        try:
-            json.loads(value)
-        except ValueError as e:
-            raise InvalidInput(
-                f"{what} is not JSON text ({e}); pass json.dumps(...) of a string "
-                "meant as a JSON string"
-            ) from e
-        return value
-    try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise InvalidInput(f"{what} is not a JSON value: {e}") from e
 
 
 class Client:
@@ -502,43 +404,7 @@ class Client:
         deltas = self._ports.deltas
         if deltas is None:
             raise ConfigError(f"the {self._ports.store} store does not stream")
-        try:
-            state = self.status(run_id).state
-        except NotFound:  # a start not seen yet: followed for a while
-            state = None
-        since = datetime.now(UTC) - STREAM_LOOKBACK
-        floor = (0, 0)
-        if state is not None:
-            if state.updated_at is not None:
-                since = min(since, state.updated_at - STREAM_LOOKBACK)
-            pending = state.pending
-            floor = (
-                (pending.step, pending.attempt)
-                if isinstance(pending, PendingModelCall)
-                else (state.step + 1, 0)
-            )
-        deadline = None if timeout is None else time.monotonic() + timeout
-        unknown_until = time.monotonic() + STREAM_UNKNOWN_SECONDS
-        idle_since: list[float] = []
-
-        def stop() -> bool:
-            if deadline is not None and time.monotonic() > deadline:
-                return True
-            if cancel is not None and cancel.is_set():
-                return True
-            try:
-                status = self.status(run_id).status
-            except NotFound:  # no such run, or its start is not seen yet
-                status = "pending" if time.monotonic() < unknown_until else "unknown"
-            if status in ("running", "pending"):
-                idle_since.clear()
-                return False
-            idle_since.append(time.monotonic())  # stopped: one more look first
-            return idle_since[-1] - idle_since[0] >= STREAM_DRAIN_SECONDS
-
-        for delta in deltas.follow(run_id, since, stop):
-            if (delta.step, delta.attempt) >= floor:
-                yield delta
+        return follow_run(deltas, self.status, run_id, timeout, cancel)
 
     def _seal(self, run_id: str, text: str) -> str:
         return self._cipher.encrypt_text(run_id, text) if self._seals else text
@@ -744,35 +610,7 @@ class Client:
         (of the latest heartbeat), its workers live and stopped, and when the last
         heartbeat came. A worker is live when it beat within the last
         ``SERVED_WITHIN_SECONDS`` and did not say it stopped."""
-        by_agent: dict[str, list[ServingWorker]] = {}
-        for w in self._book.workers():  # latest heartbeat first
-            by_agent.setdefault(w.agent, []).append(w)
-
-        def live(w: ServingWorker) -> bool:
-            return not w.stopped and w.age_seconds <= SERVED_WITHIN_SECONDS
-
-        return [
-            {
-                "agent": agent,
-                "agent_version": workers[0].agent_version,
-                "live_workers": sum(live(w) for w in workers),
-                "last_heartbeat": workers[0].seen_at,
-                "seconds_since": round(workers[0].age_seconds, 1),
-                "tools": workers[0].tools,
-                "gates": workers[0].gates,
-                "workers": [
-                    {
-                        "worker_id": w.worker_id,
-                        "agent_version": w.agent_version,
-                        "live": live(w),
-                        "stopped": w.stopped,
-                        "last_heartbeat": w.seen_at,
-                    }
-                    for w in workers
-                ],
-            }
-            for agent, workers in by_agent.items()
-        ]
+        return served_agents(self._book.workers(), SERVED_WITHIN_SECONDS)
 
     def events(self, run_id: str) -> list[Event]:
         """The run's events as they count (claim-checked payloads read back): the
