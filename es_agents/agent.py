@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from importlib import import_module
 from typing import Any, Protocol
 
@@ -111,6 +111,15 @@ class ToolAgent:
     def approval_policies(self) -> dict[str, ApprovalPolicy]:
         """Who decides each gate, for the tools that say (``approval=``)."""
         return {t.name: t.approval for t in self.tool_list if t.approval is not None}
+
+    @property
+    def escalations(self) -> dict[str, tuple[ApprovalPolicy, timedelta]]:
+        """Who decides each gate once its deadline passed, and for how long."""
+        return {
+            t.name: (t.escalate_to, t.decide_within)
+            for t in self.tool_list
+            if t.escalate_to is not None and t.decide_within is not None
+        }
 
     def _gated(self, name: str) -> bool:
         tool = self.tools.get(name)

@@ -24,6 +24,7 @@ from es_agents.core.approvals import (
     Verdict,
     answered,
     decision_of,
+    escalated,
     judge,
     pause_of,
     signed_payload,
@@ -171,17 +172,23 @@ class Approvals:
         policies: Mapping[str, ApprovalPolicy],
         keyring: Keyring,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        escalations: Mapping[str, ApprovalPolicy] | None = None,
     ) -> None:
         self.policies = dict(policies)
         self.keyring = keyring
         self.clock = clock
+        self.escalations = dict(escalations or {})  # who decides past a deadline
 
     def policy_for(
         self, state: RunState, command: Approve | Reject
     ) -> ApprovalPolicy | None:
         pause = pause_of(state)
         gate = command.gate or (pause.gate if pause is not None else None)
-        return self.policies.get(gate) if gate is not None else None
+        if gate is None:
+            return None
+        if gate in self.escalations and escalated(state, gate):
+            return self.escalations[gate]
+        return self.policies.get(gate)
 
     def judge(self, state: RunState, command: Approve | Reject) -> Judged | None:
         """The events a decision on a gate with a policy adds to the run: a

@@ -95,8 +95,10 @@ class Tool(Generic[A]):
     asks_human: bool = False
     answer_model: type[BaseModel] | None = None
     # A gate's deadline: a call nobody decided this long after the model asked for
-    # it is rejected (on the durable timers; on_reject says what follows).
+    # it is rejected (on the durable timers; on_reject says what follows) -- or,
+    # with ``escalate_to``, first handed to those deciders for as long again.
     decide_within: timedelta | None = None
+    escalate_to: ApprovalPolicy | None = None
 
     def parse(self, args: dict[str, JsonValue]) -> A:
         try:
@@ -147,9 +149,13 @@ def tool(
     timeout: float | None = 120.0,
     on_reject: Literal["end", "tell_model"] = "end",
     decide_within: timedelta | None = None,
+    escalate_to: ApprovalPolicy | None = None,
 ) -> Callable[[ToolFn[A]], Tool[A]]:
     """Declare a tool: ``@tool(Args, honors_idempotency_key=True)``. ``approval``
     (an ``ApprovalPolicy``) implies ``requires_approval``."""
+
+    if escalate_to is not None and decide_within is None:
+        raise ValueError("escalate_to needs decide_within: when to escalate")
 
     def wrap(fn: ToolFn[A]) -> Tool[A]:
         return Tool(
@@ -165,6 +171,7 @@ def tool(
             timeout=timeout,
             on_reject=on_reject,
             decide_within=decide_within,
+            escalate_to=escalate_to,
         )
 
     return wrap

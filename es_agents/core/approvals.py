@@ -16,12 +16,14 @@ is recorded as ``approval_recorded``; the one that completes it resumes the run.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
-from es_agents.core.commands import Approve, Reject
-from es_agents.core.state import RunState
-from es_agents.core.step import args_hash, canonical_json
+from es_agents.core.commands import Approve, FireTimer, Reject
+from es_agents.core.events import Event, StatePatched
+from es_agents.core.state import ESCALATED_PREFIX, RunState
+from es_agents.core.step import EventBuilder, args_hash, canonical_json, timer_id
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,48 @@ def answered(pause: Pause, command: Approve | Reject) -> Pause:
     if isinstance(command, Approve) and command.args_json is not None:
         return replace(pause, args_hash=args_hash(command.args_json))
     return pause
+
+
+def escalated(state: RunState, gate: str) -> bool:
+    """Whether the pause the run is in now was escalated (its deadline passed and
+    the gate went to its other deciders)."""
+    mark = state.vars.get(ESCALATED_PREFIX + gate)
+    waiting = state.waiting
+    return (
+        isinstance(mark, dict)
+        and waiting is not None
+        and mark.get("since_seq") == waiting.since_seq
+    )
+
+
+def escalation(
+    state: RunState, command: FireTimer, within: Mapping[str, timedelta]
+) -> tuple[list[Event], datetime] | None:
+    """A deadline firing at an approval pause whose gate escalates (``within``:
+    the gates that do, and how long the new deciders have), the first time: the
+    mark that hands the gate over, and the new deadline. None otherwise (then
+    ``decide`` rejects the call, or the timer is stale)."""
+    waiting = state.waiting
+    gate = waiting.gate if waiting is not None else None
+    if (
+        waiting is None
+        or gate is None
+        or waiting.reason != "awaiting_approval"
+        or gate not in within
+        or timer_id(state.run_id, waiting.since_seq) != command.timer_id
+        or escalated(state, gate)
+    ):
+        return None
+    due = command.due_at + within[gate]
+    out = EventBuilder(state)
+    out.add(
+        StatePatched,
+        key=ESCALATED_PREFIX + gate,
+        value_json=canonical_json(
+            {"since_seq": waiting.since_seq, "decide_by": due.isoformat()}
+        ),
+    )
+    return out.events, due
 
 
 def decision_of(command: Approve | Reject) -> str:

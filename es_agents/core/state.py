@@ -15,6 +15,9 @@ RunStatus = Literal["running", "paused", "completed", "failed", "cancelled", "bl
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 AWAITING_MESSAGE: Final = "awaiting_message"  # a thread between turns
 GATE_PREFIX = "gate:"
+# state_patched keys of gates whose deadline passed and went to other deciders:
+# {"since_seq": the pause's interrupted seq, "decide_by": the new deadline}.
+ESCALATED_PREFIX = "escalated:"
 # A redelivered command comes back within a few of its run's commands (its offset
 # was not committed yet); a thread keeps the ids of its last messages only.
 MESSAGE_IDS_KEPT = 32  # state_patched keys that hold a decision taken ahead of a gate

@@ -8,6 +8,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Protocol
 
 from es_agents.agent import code_revision, declared_gates
@@ -103,6 +104,8 @@ class RunContext:
     cipher: Cipher | None = None  # reveals encrypted payloads (and writes them)
     encrypt: bool = False  # the agent's payloads are written encrypted
     redactor: Redactor | None = None  # seals secret fields into tokens
+    # Gates whose deadline hands them to other deciders, and for how long.
+    escalations: dict[str, timedelta] = field(default_factory=dict)
     # Where a model's answer streams while the call is in flight (None: it does not:
     # the store has no stream, the agent says stream=False, or it encrypts).
     deltas: Deltas | None = None
@@ -147,6 +150,7 @@ def run_context(
         reducer_version=REDUCER_VERSION,
     )
     policies = policies_of(agent)
+    escalations = dict(getattr(agent, "escalations", {}))
     cipher = Cipher(ports.vault)
     encrypt = encrypts(agent)
     if (
@@ -183,7 +187,16 @@ def run_context(
         calls=calls,
         telemetry=ports.telemetry,
         tracer=ports.tracer,
-        approvals=Approvals(policies, ports.keyring) if policies else None,
+        approvals=(
+            Approvals(
+                policies,
+                ports.keyring,
+                escalations={g: p for g, (p, _) in escalations.items()},
+            )
+            if policies or escalations
+            else None
+        ),
+        escalations={g: within for g, (_, within) in escalations.items()},
         cipher=cipher,
         encrypt=encrypt,
         redactor=Redactor(cipher, agent.tools),

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from es_agents import lifecycle
+from es_agents.core.approvals import escalation
 from es_agents.core.budget import BUDGET_EXCEEDED, DEFAULT_BUDGET, Budget
 from es_agents.core.chain import GENESIS, Sealed
 from es_agents.core.commands import (
@@ -348,6 +349,15 @@ class RunLoop:
             recorded = self.judged(self.state, command)
             if recorded is not None:
                 return recorded
+        if isinstance(command, FireTimer) and self.ctx.escalations:
+            handed = escalation(self.state, command, self.ctx.escalations)
+            if handed is not None:  # the deadline passed: to the other deciders
+                events, due = handed
+                # Armed before the mark is durable (as a sleep's timer): a crash
+                # between leaves a deadline that hands the gate over then.
+                self.ctx.timers.schedule(command.timer_id, command.run_id, due)
+                self.buffer.extend(events)
+                return None
         try:
             self.buffer.extend(decide(self.state, command))
         except Refused:

@@ -329,3 +329,65 @@ def test_a_crash_as_a_deadline_fires_rejects_once(
     assert [(e.reason, e.by) for e in resumed] == [("rejected", "(deadline)")]
     assert len(told) == 1
     assert WIRES == []
+
+
+@tool(
+    Wire,
+    name="wire",
+    requires_approval=True,
+    decide_within=timedelta(hours=1),
+    escalate_to=ApprovalPolicy(approvers=frozenset({"boss"})),
+)
+def escalating_wire(args: Wire, ctx: ToolContext) -> JsonValue:
+    WIRES.append(args.amount)
+    return {"sent": args.amount}
+
+
+def _escalating() -> ToolAgent:
+    return ToolAgent(
+        name="payer",
+        system_prompt="Pay.",
+        model=ScriptedModel([call("wire", "w1", amount=70), reply("done")]),
+        tool_list=[escalating_wire],
+    )
+
+
+def test_past_its_deadline_a_gate_goes_to_its_escalation_deciders(
+    es_harness: Callable[[Any], AgentHarness], virtual_clock: VirtualClock
+) -> None:
+    h = es_harness(_escalating())
+    run_id = h.start()
+    h.run()
+    virtual_clock.advance(3700)  # the first deadline passes: escalated
+    h.run()
+    state = h.state(run_id)
+    assert state.status == "paused"
+    assert "escalated:wire" in state.vars
+    h.approve(run_id, by="clerk")  # anyone could before; now only the boss
+    h.run()
+    refused = [v for v in h.ports.book.for_run(run_id) if v.status == "refused"]
+    assert [v.reason for v in refused] == ["'clerk' may not decide gate 'wire'"]
+    assert WIRES == []
+    h.approve(run_id, by="boss")
+    h.run()
+    assert WIRES == [70]
+    assert h.state(run_id).status == "completed"
+
+
+def test_nobody_deciding_after_the_escalation_either_rejects(
+    es_harness: Callable[[Any], AgentHarness], virtual_clock: VirtualClock
+) -> None:
+    h = es_harness(_escalating())
+    run_id = h.start()
+    h.run()
+    virtual_clock.advance(3700)
+    h.run()
+    virtual_clock.advance(3700)  # the escalation's deadline passes too
+    h.run()
+    state = h.state(run_id)
+    assert state.status == "completed"
+    assert json.loads(state.output_json or "") == {
+        "rejected": "wire",
+        "by": "(deadline)",
+    }
+    assert WIRES == []
