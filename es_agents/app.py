@@ -267,11 +267,13 @@ def _postgres_ports(
         check_layout(db, kafka.topic_prefix, counts[kafka.events_topic], "postgres")
         return counts
 
+    from es_agents.adapters.postgres_deltas import PostgresDeltas
     from es_agents.adapters.postgres_writer_keys import writer_keys
 
     side = _postgres_read_side(settings, db, log.decode_event)
     return Ports(
         store="postgres",
+        deltas=PostgresDeltas(db, kafka.topic_prefix),
         writer_keys=lambda: writer_keys(db),
         log=log,
         subscribe=subscribe,

@@ -200,6 +200,15 @@ class OpenAIChatModel:
         with self._translated():
             stream = await client.chat.completions.create(**request)
             async with stream:
+                kind = stream.response.headers.get("content-type", "")
+                if "text/event-stream" not in kind:
+                    # A server that does not stream answered whole: read that (the
+                    # call is made; asking again would bill it twice).
+                    whole = _whole(await stream.response.aread())
+                    text = _content(whole)
+                    if text:
+                        on_text(text)
+                    return self._parse(whole)
                 async for chunk in stream:
                     state.handle_chunk(chunk)
                     if chunk.choices and chunk.choices[0].delta.content:
@@ -216,3 +225,18 @@ class OpenAIChatModel:
 
     def _parse(self, response: ChatCompletion) -> Completion:
         return parsed(from_openai, response, self.model_id)
+
+
+def _whole(body: bytes) -> ChatCompletion:
+    """A whole (not streamed) answer's body, checked like a streamed one."""
+    from openai.types.chat import ChatCompletion  # noqa: PLC0415
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    try:
+        return ChatCompletion.model_validate_json(body)
+    except ValidationError as e:
+        raise RetryableToolError(f"unparsable model response: {e}") from e
+
+
+def _content(response: ChatCompletion) -> str | None:
+    return response.choices[0].message.content if response.choices else None

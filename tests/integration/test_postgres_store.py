@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ from pydantic import SecretStr
 
 from es_agents.adapters.postgres import Database
 from es_agents.app import build_client_ports
+from es_agents.client import Client
 from es_agents.core import replay
 from es_agents.core.commands import StartRun
 from es_agents.core.events import Event, ModelCallRequested
@@ -377,3 +379,27 @@ def test_one_instance_id_is_one_member(pg: tuple[Settings, dict[str, str]]) -> N
         again.close()
     finally:
         ports.close()
+
+
+def test_answers_stream_on_the_postgres_store(
+    pg: tuple[Settings, dict[str, str]],
+) -> None:
+    """The deltas in the unlogged stream_deltas table, followed by the client."""
+    settings, env = pg
+    started = cli(env, "start", "desk", "--input", '"hi"', "--no-wait", "--queue")
+    assert started.returncode == 0, started.stderr
+    run_id = started.stdout.strip()
+    done: list[int] = []
+    worker = threading.Thread(
+        target=lambda: done.append(
+            run_worker(env, agent="tests.agents:desk").returncode
+        )
+    )
+    worker.start()
+    with Client(settings) as client:
+        got = list(client.stream(run_id, timeout=60))
+    worker.join(120)
+    assert done == [0]
+    assert got[0].kind == "start"
+    assert "".join(d.text for d in got if d.kind == "text") == "Hello! How can I help?"
+    assert got[-1].kind == "end"
