@@ -62,10 +62,8 @@ class Budget:
         for what, limit, used in checks:
             if limit is not None and used >= limit:
                 return f"budget exceeded: {used:,.0f} {what} of at most {limit:,.0f}"
-        turns = self.max_turns
-        if (
-            model and turns is not None and state.turns > turns
-        ):  # the last one is answered
+        turns = self.max_turns  # the last message it may take is still answered
+        if model and turns is not None and state.turns > turns:
             return f"budget exceeded: {state.turns:,} turns of at most {turns:,}"
         limit_s, started = self.max_seconds, state.started_at
         if limit_s is None or now is None or started is None:
