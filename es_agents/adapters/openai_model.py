@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from openai import AsyncOpenAI, OpenAI
     from openai.types.chat import (
         ChatCompletion,
+        ChatCompletionChunk,
         ChatCompletionMessageParam,
         ChatCompletionToolUnionParam,
     )
@@ -185,18 +186,16 @@ class OpenAIChatModel:
         on_text: Callable[[str], None],
     ) -> Completion:
         """``acomplete``, streamed: ``on_text`` gets each piece of the answer's text
-        as it comes; the completion returned is the whole answer."""
-        from openai.lib.streaming.chat import (  # noqa: PLC0415
-            ChatCompletionStreamState,
-        )
-
+        as it comes; the completion returned is the whole answer, put together
+        from the chunks here (the SDK's snapshot accumulator rebuilt the whole
+        answer at every chunk: most of a streamed call's CPU)."""
         client = self._aclient()
         request = {
             **self._request(messages, params, tools),
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
+        assembled = _Assembled(self.model_id)
         with self._translated():
             stream = await client.chat.completions.create(**request)
             async with stream:
@@ -210,11 +209,10 @@ class OpenAIChatModel:
                         on_text(text)
                     return self._parse(whole)
                 async for chunk in stream:
-                    state.handle_chunk(chunk)
-                    if chunk.choices and chunk.choices[0].delta.content:
-                        on_text(chunk.choices[0].delta.content)
-            response = state.get_final_completion()
-        return self._parse(response)
+                    piece = assembled.add(chunk)
+                    if piece:
+                        on_text(piece)
+        return assembled.completion()
 
     @contextlib.contextmanager
     def _translated(self) -> Iterator[None]:
@@ -225,6 +223,63 @@ class OpenAIChatModel:
 
     def _parse(self, response: ChatCompletion) -> Completion:
         return parsed(from_openai, response, self.model_id)
+
+
+class _Assembled:
+    """A streamed answer put together chunk by chunk: the text, the tool calls
+    (by index: id and name first, then pieces of the arguments), why it stopped,
+    the usage (in the last chunk) and the model that answered."""
+
+    def __init__(self, requested_model: str) -> None:
+        self.model_id = requested_model
+        self.text: list[str] = []
+        self.calls: dict[int, list[str]] = {}  # index -> [id, name, *arguments]
+        self.finish = "stop"
+        self.usage = Usage()
+        self.answered = False  # a chunk with a choice came
+
+    def add(self, chunk: ChatCompletionChunk) -> str | None:
+        """Take a chunk; its piece of text, if any."""
+        if chunk.model:
+            self.model_id = chunk.model
+        if chunk.usage is not None:
+            self.usage = Usage(
+                prompt_tokens=chunk.usage.prompt_tokens,
+                completion_tokens=chunk.usage.completion_tokens,
+            )
+        if not chunk.choices:
+            return None
+        choice = chunk.choices[0]
+        self.answered = True
+        if choice.finish_reason:
+            self.finish = choice.finish_reason
+        delta = choice.delta
+        for call in delta.tool_calls or ():
+            parts = self.calls.setdefault(call.index, ["", ""])
+            if call.id:
+                parts[0] = call.id
+            if call.function is not None:
+                if call.function.name:
+                    parts[1] += call.function.name
+                if call.function.arguments:
+                    parts.append(call.function.arguments)
+        if delta.content:
+            self.text.append(delta.content)
+        return delta.content
+
+    def completion(self) -> Completion:
+        if not self.answered:
+            raise RetryableToolError("unparsable model response: no choices")
+        return Completion(
+            content="".join(self.text) if self.text else None,
+            tool_calls=tuple(
+                ToolCall(call_id=p[0], name=p[1], args_json="".join(p[2:]) or "{}")
+                for _, p in sorted(self.calls.items())
+            ),
+            finish_reason=self.finish,
+            usage=self.usage,
+            model_id=self.model_id,
+        )
 
 
 def _whole(body: bytes) -> ChatCompletion:

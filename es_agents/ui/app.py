@@ -247,7 +247,14 @@ class _Pages:
                 # A rejection's reason (the model reads it when the tool says so);
                 # with an approval, its comment.
                 reason = _str(form.get("reason")) or None
-                result = await _call(method, run_id, by, None, reason, 10.0)
+                edited = _edited(form.get("args"), form.get("original"))
+                if action == "approve" and edited is not None:
+                    result = await _call(
+                        self.client.approve, run_id, by, None, reason, 10.0,
+                        args=edited,
+                    )  # fmt: skip
+                else:
+                    result = await _call(method, run_id, by, None, reason, 10.0)
         except EsAgentsError as e:
             return _refused(f"{type(e).__name__}: {e}", 409)
         return self.page(request, "_verdict.html", {"result": result, "by": by})
@@ -310,6 +317,18 @@ def _awaiting(view: RunView) -> dict[str, Any] | None:
         "question": found.get("question"),  # ask_human's
         "invalid": found.get("invalid"),
     }
+
+
+def _edited(args: object, original: object) -> str | None:
+    """The arguments a person changed in the page (None: left as they were)."""
+    if not isinstance(args, str) or not isinstance(original, str):
+        return None
+    try:
+        if json.loads(args) == json.loads(original):
+            return None
+    except ValueError:
+        return args  # not JSON: the approval is refused, saying so
+    return args
 
 
 def _as_value(text: object) -> object:

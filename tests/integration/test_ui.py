@@ -101,7 +101,7 @@ def _refusals(p: Any, page: Any, base: str, run: str) -> None:
     expect(page.locator("#status")).to_have_text("paused")  # nothing was decided
 
 
-def test_approve_a_paused_run_in_the_browser(
+def test_approve_a_paused_run_in_the_browser(  # noqa: PLR0915 - one page visit
     env: dict[str, str], tmp_path: Path
 ) -> None:
     assert Path(CHROMIUM).exists(), "Debian's chromium: apt-get install chromium"
@@ -162,6 +162,9 @@ def test_approve_a_paused_run_in_the_browser(
                 # A person reads the arguments for a while; the page refreshes every
                 # second meanwhile and must not lose the form.
                 page.wait_for_timeout(5_500)
+                # The approver edits the arguments before approving.
+                page.click("#approval summary")
+                page.fill("#edited-args", '{"title": "Edited in the browser"}')
                 page.click("#approve")
                 expect(page.locator("#verdict")).to_contain_text("applied")
                 expect(page.locator("#status")).to_have_text(
@@ -180,7 +183,9 @@ def test_approve_a_paused_run_in_the_browser(
                 projector.wait(30)
         shown = cli(env, "status", run, "-o", "json").stdout
         assert '"completed"' in shown
-        assert '"by": "ann"' in cli(env, "replay", run, "-o", "json").stdout
+        replayed = cli(env, "replay", run, "-o", "json").stdout
+        assert '"by": "ann"' in replayed
+        assert "Edited in the browser" in replayed  # the call ran with the edit
     finally:
         server.terminate()
         _, err = server.communicate(timeout=30)
