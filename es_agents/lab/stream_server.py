@@ -1,6 +1,6 @@
 """A small OpenAI-compatible chat completions server for ``bench stream``: every
 answer is ``pieces`` pieces of text, ``gap`` seconds apart, streamed as server-sent
-events when the request asks for a stream (one JSON body otherwise). It runs in a
+events when the request asks for a stream (one JSON body otherwise, after as long). It runs in a
 process of its own, so the bench's CPU figures are the worker's; each piece's text
 is unique (``p<answer>.<n>``) and the time it was written is logged to
 ``--sent FILE`` (JSON lines), so a follower can tell how late each piece came."""
@@ -41,6 +41,9 @@ def serve(port: int, pieces: int, gap: float, sent: Path) -> None:
             n = next(answers)
             texts = [f"p{n}.{i} " for i in range(pieces)]
             if not body.get("stream"):
+                # As long as the streamed answer takes: the same wall time, so the
+                # worker's background CPU weighs the same in every variant.
+                time.sleep(gap * pieces)
                 answer = {
                     "id": "chatcmpl-bench", "object": "chat.completion",
                     "created": int(time.time()), "model": "bench-model",
