@@ -15,6 +15,7 @@ each call with ``pieces`` pieces of text ``gap`` apart and logs when it wrote ea
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import statistics
@@ -27,6 +28,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from pydantic import JsonValue
 
 from es_agents.agent import ToolAgent
 from es_agents.app import build_ports, build_worker
@@ -120,6 +123,63 @@ def _cpu_per_call(settings: Settings, url: str, variant: str, runs: int) -> floa
     return (time.process_time() - started) / runs
 
 
+def _publish_us(settings: Settings, pieces: int, calls: int = 64) -> float:
+    """CPU of this process per piece published to the stream topic, ``calls``
+    calls at once each publishing ``pieces`` pieces 20 ms apart, beyond the same
+    loop publishing nothing (librdkafka's threads included)."""
+    from es_agents.adapters.kafka_deltas import (  # noqa: PLC0415
+        KafkaDeltas,
+        ensure_stream_topic,
+    )
+
+    ensure_stream_topic(settings.kafka)
+
+    def spent(publish: bool) -> float:
+        deltas = KafkaDeltas(settings.kafka) if publish else None
+
+        async def call(n: int) -> None:
+            for k in range(pieces):
+                await asyncio.sleep(0.02)
+                if deltas is not None:
+                    deltas.publish(Delta(f"p-{n}", 1, 1, "text", f"{k} ", time.time()))
+
+        async def all_calls() -> None:
+            await asyncio.gather(*(call(n) for n in range(calls)))
+
+        started = time.process_time()
+        asyncio.run(all_calls())
+        if deltas is not None:
+            deltas.close()
+        return time.process_time() - started
+
+    rounds = [spent(True) - spent(False) for _ in range(3)]
+    return statistics.median(rounds) / (calls * pieces) * 1e6
+
+
+def _parse_us(url: str, pieces: int, calls: int = 30) -> float:
+    """CPU of this process per piece to take a streamed answer (the adapter's
+    reading of the events), beyond taking the same answer whole."""
+    from es_agents.adapters.openai_model import OpenAIChatModel  # noqa: PLC0415
+
+    model = OpenAIChatModel(url, "bench-model", timeout=30)
+    messages: list[dict[str, JsonValue]] = [{"role": "user", "content": "hi"}]
+
+    async def spent(stream: bool) -> float:
+        started = time.process_time()
+        for _ in range(calls):
+            if stream:
+                await model.astream(messages, {}, (), lambda _: None)
+            else:
+                await model.acomplete(messages, {}, ())
+        return time.process_time() - started
+
+    async def rounds() -> list[float]:
+        await spent(True)  # the client's connections, warm
+        return [await spent(True) - await spent(False) for _ in range(3)]
+
+    return statistics.median(asyncio.run(rounds())) / (calls * pieces) * 1e6
+
+
 def bench_stream(  # noqa: PLR0917 - the bench's knobs
     runs: int,
     pieces: int,
@@ -175,11 +235,24 @@ def bench_stream(  # noqa: PLR0917 - the bench's knobs
             over_plain = (cpu["published"] - cpu["plain"]) / cpu["plain"]
             result["publishing_adds"] = round(added, 3)
             result["streaming_adds"] = round(over_plain, 3)
+            # The same two costs measured alone, where the machine's noise is small.
+            publish_us = _publish_us(settings, pieces)
+            with _model_server(pieces, 0.0, Path(tmp) / "fast.jsonl") as fast:
+                parse_us = _parse_us(fast, pieces)
+            alone = (publish_us + parse_us) * pieces / cpu["plain"]
+            result["publish_us_per_piece"] = round(publish_us, 1)
+            result["parse_us_per_piece"] = round(parse_us, 1)
+            result["streaming_adds_alone"] = round(alone, 4)
             echo(
                 f"worker CPU per model call ({cpu_runs} runs, median of {repeats}): "
                 f"not streamed {cpu['plain']:.0f} us, streamed {cpu['discarded']:.0f} "
                 f"us (the SDK), streamed and published {cpu['published']:.0f} us: "
                 f"publishing adds {added:+.1%}, streaming in all {over_plain:+.1%}"
+            )
+            echo(
+                f"measured alone: publishing {publish_us:.1f} us and reading "
+                f"{parse_us:.1f} us of CPU per piece: {pieces} pieces add "
+                f"{alone:.1%} to a model call's {cpu['plain']:.0f} us"
             )
     echo(json.dumps(result))
     return result

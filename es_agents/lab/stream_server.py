@@ -1,9 +1,10 @@
 """A small OpenAI-compatible chat completions server for ``bench stream``: every
 answer is ``pieces`` pieces of text, ``gap`` seconds apart, streamed as server-sent
-events when the request asks for a stream (one JSON body otherwise, after as long). It runs in a
-process of its own, so the bench's CPU figures are the worker's; each piece's text
-is unique (``p<answer>.<n>``) and the time it was written is logged to
-``--sent FILE`` (JSON lines), so a follower can tell how late each piece came."""
+events when the request asks for a stream (one JSON body otherwise, after as
+long). It runs in a process of its own, so the bench's CPU figures are the
+worker's; each piece's text is unique (``p<answer>.<n>``) and the time it was
+written is logged to ``--sent FILE`` (JSON lines), so a follower can tell how late
+each piece came."""
 
 from __future__ import annotations
 
