@@ -19,6 +19,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as TP
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from es_agents.adapters.kafka_admin import _wait_for_leaders
 from es_agents.adapters.kafka_producer import _client
 from es_agents.errors import Unavailable
 from es_agents.partitioner import partition_for
@@ -51,7 +52,9 @@ def ensure_stream_topic(settings: KafkaSettings, timeout: float = 30.0) -> int:
     except KafkaException as e:
         if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise Unavailable(f"cannot create topic {topic}: {e}") from e
-    return settings.partitions
+    # Usable once its partitions have leaders (a piece sent before is lost).
+    ready = _wait_for_leaders(admin, [topic], timeout)
+    return len(ready[topic].partitions)
 
 
 def encode(delta: Delta) -> bytes:
@@ -130,7 +133,12 @@ class KafkaDeltas:
         try:
             wanted = TP(self.topic, partition, int(since.timestamp() * 1000))
             start = consumer.offsets_for_times([wanted], timeout=10)[0].offset
-            consumer.assign([TP(self.topic, partition, start if start >= 0 else -1)])
+            if start < 0:  # nothing since then: from the end as of now, by number
+                # (the "end" resolved later would pass over what lands meanwhile)
+                start = consumer.get_watermark_offsets(
+                    TP(self.topic, partition), timeout=10
+                )[1]
+            consumer.assign([TP(self.topic, partition, start)])
             while True:
                 # One message as soon as it comes (consume(n) would wait for n or
                 # the timeout), then whatever else is already here.
