@@ -267,11 +267,8 @@ def _ask_human(state: RunState, call: ToolCall, tool: Tool[Any]) -> Step:
         try:
             tool.answer_model.model_validate(answer)
         except ValidationError as e:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'answer'}: {err['msg']}"
-                for err in e.errors(include_url=False, include_input=False)
-            )
-            detail["invalid"] = f"the last answer does not fit: {problems}"
+            why = typed.problems(e, "answer")
+            detail["invalid"] = f"the last answer does not fit: {why}"
             return Interrupt(reason="awaiting_input", detail=detail)
     return Respond(call.call_id, answer)
 

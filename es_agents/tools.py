@@ -19,6 +19,7 @@ from pydantic import BaseModel, Field, JsonValue, ValidationError
 from es_agents.core.approvals import ApprovalPolicy
 from es_agents.core.step import canonical_json
 from es_agents.errors import TerminalToolError
+from es_agents.typed import problems
 
 A = TypeVar("A", bound=BaseModel)
 
@@ -104,12 +105,8 @@ class Tool(Generic[A]):
         try:
             return self.args_model.model_validate(args)
         except ValidationError as e:  # said without the values: some may be secret
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in err['loc']) or 'arguments'}: {err['msg']}"
-                for err in e.errors(include_url=False, include_input=False)
-            )
             raise TerminalToolError(
-                f"{self.name}: invalid arguments: {problems}"
+                f"{self.name}: invalid arguments: {problems(e, 'arguments')}"
             ) from e
 
     def __call__(

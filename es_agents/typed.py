@@ -24,10 +24,11 @@ OUTPUT_INVALID = "output_invalid"
 _FENCED = re.compile(r"^\s*```(?:json)?\s*(.*?)\s*```\s*$", re.DOTALL)
 
 
-def problems(error: ValidationError) -> str:
-    """A validation error's problems, without the values (some may be secret)."""
+def problems(error: ValidationError, whole: str = "value") -> str:
+    """A validation error's problems, without the values (some may be secret);
+    ``whole``: what a problem of the value as a whole is called."""
     return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'value'}: {e['msg']}"
+        f"{'.'.join(str(p) for p in e['loc']) or whole}: {e['msg']}"
         for e in error.errors(include_url=False, include_input=False)
     )
 
