@@ -204,9 +204,11 @@ def _kafka_ports(
 
     def topics() -> dict[str, int]:
         from es_agents.adapters.kafka_admin import ensure_topics
+        from es_agents.adapters.kafka_deltas import ensure_stream_topic
 
         check_layout(db, kafka.topic_prefix, None, "kafka")
-        counts = ensure_topics(kafka)  # and the deltas' stream topic
+        counts = ensure_topics(kafka)
+        ensure_stream_topic(kafka)  # the deltas' own (kept an hour; not the log)
         check_layout(db, kafka.topic_prefix, counts[kafka.events_topic], "kafka")
         return counts
 

@@ -60,8 +60,6 @@ def ensure_topics(
         for t in topics
         if t not in existing
     ]
-    if settings.stream_topic not in existing:  # the deltas', with the same call
-        missing.append(stream_topic(settings))
     if missing:
         for topic, future in admin.create_topics(
             missing, request_timeout=timeout
@@ -71,7 +69,7 @@ def ensure_topics(
             except KafkaException as e:
                 if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise Unavailable(f"cannot create topic {topic}: {e}") from e
-        existing = _wait_for_leaders(admin, [t.topic for t in missing], timeout)
+        existing = _wait_for_leaders(admin, topics, timeout)
     counts = {t: len(existing[t].partitions) for t in topics if t in existing}
     commands, events = settings.commands_topic, settings.events_topic
     if counts.get(commands) != counts.get(events):
@@ -81,20 +79,6 @@ def ensure_topics(
         )
     _check_retention(admin, topics, timeout, fix_retention)
     return counts
-
-
-STREAM_KEPT_MS = 3_600_000  # an hour: long enough to attach to any call in flight
-
-
-def stream_topic(settings: KafkaSettings) -> NewTopic:
-    """``<prefix>.stream``, the model answers in flight (``adapters.kafka_deltas``):
-    not the log, so kept an hour and outside the retention checks."""
-    return NewTopic(
-        settings.stream_topic,
-        num_partitions=settings.partitions,
-        replication_factor=settings.replication_factor,
-        config={"retention.ms": str(STREAM_KEPT_MS), "cleanup.policy": "delete"},
-    )
 
 
 def delete_topics(settings: KafkaSettings, timeout: float = 30.0) -> list[str]:

@@ -17,9 +17,9 @@ from typing import Any, final
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as TP
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from es_agents.adapters.kafka_admin import _wait_for_leaders, stream_topic
+from es_agents.adapters.kafka_admin import _wait_for_leaders
 from es_agents.adapters.kafka_producer import _client
 from es_agents.errors import Unavailable
 from es_agents.partitioner import partition_for
@@ -28,10 +28,11 @@ from es_agents.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
 
+KEPT_MS = 3_600_000  # an hour: long enough to attach to any call in flight
+
 
 def ensure_stream_topic(settings: KafkaSettings, timeout: float = 30.0) -> int:
-    """Create ``<prefix>.stream`` when missing (``ensure_topics`` does, with the
-    others; a follower may come first); its partition count."""
+    """Create ``<prefix>.stream`` when missing; its partition count."""
     admin = AdminClient(_client(settings.to_librdkafka()))
     topic = settings.stream_topic
     try:
@@ -40,8 +41,13 @@ def ensure_stream_topic(settings: KafkaSettings, timeout: float = 30.0) -> int:
         raise Unavailable(f"kafka at {settings.bootstrap_servers}: {e}") from e
     if found is not None and found.error is None and found.partitions:
         return len(found.partitions)
+    new = NewTopic(
+        topic,
+        num_partitions=settings.partitions,
+        replication_factor=settings.replication_factor,
+        config={"retention.ms": str(KEPT_MS), "cleanup.policy": "delete"},
+    )
     try:
-        new = stream_topic(settings)
         admin.create_topics([new], request_timeout=timeout)[topic].result(timeout)
     except KafkaException as e:
         if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
