@@ -69,6 +69,12 @@ class RetryableToolError(EsAgentsError):
         self.retry_after = retry_after
 
 
+class EffectUnknown(EsAgentsError):
+    """A side-effecting call was sent and its answer lost (the connection broke):
+    the effect may have happened. The run pauses (``uncertain_effect``) for a
+    person unless the tool's downstream honors its key or a lookup can tell."""
+
+
 class RunError(EsAgentsError):
     """One run cannot go on: it ends ``failed`` with this kind, the worker goes on.
 

@@ -22,6 +22,7 @@ from es_agents.core.state import PendingToolCall, RunState
 from es_agents.core.step import CallTool, CallTools, canonical_json
 from es_agents.errors import (
     AppendError,
+    EffectUnknown,
     FencedError,
     RetryableToolError,
     TerminalToolError,
@@ -191,6 +192,10 @@ async def _call(  # noqa: PLR0911 - one return per outcome of a call
         if tool.side_effect:  # it may still happen: a person decides
             return _UNCERTAIN, f"timed out after {tool.timeout} s"
         return None, f"timed out after {tool.timeout} s"
+    except EffectUnknown as e:
+        if tool.side_effect:  # it may have happened: a person decides
+            return _UNCERTAIN, str(e)
+        return None, str(e)
     except RetryableToolError as e:
         return None, f"retryable error, gave up after {TOOL_TRIES} tries: {e}"
     except TerminalToolError as e:
