@@ -27,7 +27,7 @@ import threading
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import anyio
 import jsonschema
@@ -89,7 +89,9 @@ def _problem(error: jsonschema.ValidationError) -> str:
     where = ".".join(map(str, error.absolute_path))
     if error.validator == "required" and isinstance(error.instance, dict):
         missing = [str(r) for r in error.validator_value if r not in error.instance]
-        return "; ".join(f"{where + '.' if where else ''}{m}: required" for m in missing)
+        return "; ".join(
+            f"{where + '.' if where else ''}{m}: required" for m in missing
+        )
     if error.validator == "type":
         return f"{where or 'arguments'}: should be {error.validator_value}"
     return f"{where or 'arguments'}: does not fit ({error.validator})"
@@ -134,12 +136,12 @@ class MCPTools:
         self._sessions: dict[asyncio.AbstractEventLoop, _Session] = {}
         self._lock = threading.Lock()
 
-    def tools(self) -> list[MCPTool]:
+    def tools(self) -> list[Tool[Any]]:
         """The server's tools, listed on first use (then the same list)."""
         with self._lock:
             if self._tools is None:
                 self._tools = self._made(_listed(self.server, self.name))
-            return list(self._tools)
+            return list[Tool[Any]](self._tools)
 
     def _made(self, listed: list[mcp_types.Tool]) -> list[MCPTool]:
         names = {t.name for t in listed}
@@ -195,11 +197,10 @@ class MCPTools:
             client = await session.client()
         except Exception as e:  # nothing was sent: any failure may pass
             raise RetryableToolError(f"MCP server {self.name!r}: {e}") from e
-        meta: mcp_types.RequestParamsMeta = {
-            KEY: ctx.idempotency_key,  # type: ignore[typeddict-unknown-key]
-            FENCING: ctx.fencing_token,  # type: ignore[typeddict-unknown-key]
-            RUN: ctx.run_id,  # type: ignore[typeddict-unknown-key]
-        }
+        meta = cast(
+            mcp_types.RequestParamsMeta,
+            {KEY: ctx.idempotency_key, FENCING: ctx.fencing_token, RUN: ctx.run_id},
+        )
         try:
             result = await client.call_tool(remote, args, meta=meta)
         except MCPError as e:
@@ -218,7 +219,6 @@ class MCPTools:
         if read_only or self.honors_idempotency_key:
             raise RetryableToolError(why) from lost
         raise EffectUnknown(why) from lost
-
 
     def _session(self) -> _Session:
         loop = asyncio.get_running_loop()
@@ -286,7 +286,7 @@ def _value(result: mcp_types.CallToolResult) -> JsonValue:
     """What a call returned, as JSON: its structured content when it has one,
     else its text (one block: the text; several: a list), other blocks named."""
     if result.structured_content is not None:
-        return result.structured_content  # type: ignore[return-value]
+        return cast(JsonValue, result.structured_content)
     parts: list[JsonValue] = []
     for block in result.content:
         if isinstance(block, mcp_types.TextContent):
