@@ -42,6 +42,7 @@ from es_agents.errors import (
     RetryableToolError,
     TerminalToolError,
 )
+from es_agents.integrations.blocking import run_to_end
 from es_agents.tools import Tool, ToolContext
 
 KEY = "es-agents/idempotency_key"
@@ -313,30 +314,9 @@ def _listed(server: Server, name: str) -> list[mcp_types.Tool]:
                 if not cursor:
                     return listed
 
-    def run() -> list[mcp_types.Tool]:
-        try:
-            return asyncio.run(ask())
-        except Exception as e:
-            raise ConfigError(
-                f"MCP server {name!r} did not list its tools: {type(e).__name__}: {e}"
-            ) from e
-
     try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return run()
-    box: list[list[mcp_types.Tool] | BaseException] = []
-
-    def on_thread() -> None:
-        try:
-            box.append(run())
-        except BaseException as e:
-            box.append(e)
-
-    thread = threading.Thread(target=on_thread, name="mcp-list", daemon=True)
-    thread.start()
-    thread.join()
-    got = box[0]
-    if isinstance(got, BaseException):
-        raise got
-    return got
+        return run_to_end(ask(), "mcp-list")
+    except Exception as e:
+        raise ConfigError(
+            f"MCP server {name!r} did not list its tools: {type(e).__name__}: {e}"
+        ) from e
