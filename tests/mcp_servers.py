@@ -68,12 +68,6 @@ def _effect(tool: str, ctx: Context, args: dict[str, Any]) -> str | None:
 EFFECTS: list[dict[str, Any]] = []  # the in-process server's effects
 
 
-def effects(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
-
-
 if __name__ == "__main__":
     server = desk()
     if sys.argv[1] == "stdio":
