@@ -36,6 +36,7 @@ from es_agents.core.step import (
     Message,
     Respond,
     Step,
+    ToolSpec,
     args_hash,
 )
 from es_agents.core.transcript import Conversation
@@ -136,10 +137,23 @@ class ToolAgent:
             ),
         }
 
+    def offered(self, state: RunState) -> tuple[ToolSpec, ...]:
+        """The tools the model is offered at this point of the run (all of them;
+        an agent with handoffs offers the active agent's)."""
+        return tuple(t.schema() for t in self.tool_list)
+
+    def request_params(self, state: RunState) -> dict[str, JsonValue]:
+        """The request's parameters at this point of the run."""
+        return dict(self.params)
+
+    def system_for(self, state: RunState) -> str:
+        """The system prompt at this point of the run."""
+        return self.system_prompt
+
     def messages(self, state: RunState) -> Conversation:
         """The system prompt and the run's input, then its transcript (read from
         its stored chunks only when the model is sent it)."""
-        system = self.system_prompt
+        system = self.system_for(state)
         if self.output_model is not None:
             system += "\n\n" + typed.output_instruction(self.output_model)
         head: list[Message] = [
@@ -165,8 +179,8 @@ class ToolAgent:
         conversation = self.messages(state)
         return CallModel(
             Conversation(conversation.head, conversation.transcript, [again]),
-            dict(self.params),
-            tuple(t.schema() for t in self.tool_list),
+            self.request_params(state),
+            self.offered(state),
         )
 
     def _calls(self, state: RunState) -> Step:  # noqa: PLR0911 - one per outcome
@@ -222,8 +236,8 @@ class ToolAgent:
             return Interrupt(reason=AWAITING_MESSAGE, detail={"turn": state.turns})
         return CallModel(
             self.messages(state),
-            dict(self.params),
-            tuple(t.schema() for t in self.tool_list),
+            self.request_params(state),
+            self.offered(state),
         )
 
 

@@ -42,7 +42,7 @@ from es_agents.errors import (
     RetryableToolError,
     TerminalToolError,
 )
-from es_agents.integrations.blocking import run_to_end
+from es_agents.integrations.common import run_to_end
 from es_agents.tools import Tool, ToolContext
 
 KEY = "es-agents/idempotency_key"

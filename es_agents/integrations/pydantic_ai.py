@@ -65,7 +65,7 @@ from es_agents.errors import (
     TerminalToolError,
     Unavailable,
 )
-from es_agents.integrations.blocking import run_to_end
+from es_agents.integrations.common import json_or_text, run_to_end, user_prompt
 from es_agents.models import Completion, status_error
 from es_agents.tools import Tool, ToolContext
 from es_agents.typed import problems
@@ -242,7 +242,7 @@ def to_pydantic_ai(
             if content:
                 parts.append(SystemPromptPart(content=str(content)))
         elif role == "user":
-            parts.append(UserPromptPart(content=_prompt(content)))
+            parts.append(UserPromptPart(content=user_prompt(content)))
         elif role == "tool":
             call_id = str(message.get("tool_call_id"))
             tool = str(message.get("name") or names.get(call_id, ""))
@@ -253,7 +253,7 @@ def to_pydantic_ai(
             parts.append(
                 ToolReturnPart(
                     tool_name=tool,
-                    content=said.removeprefix(RETRY) if failed else _json(text),
+                    content=said.removeprefix(RETRY) if failed else json_or_text(text),
                     tool_call_id=call_id,
                     outcome="retried" if retried else "failed" if failed else "success",
                 )
@@ -298,28 +298,6 @@ def from_pydantic_ai(response: ModelResponse, model_id: str) -> Completion:
         ),
         model_id=response.model_name or model_id,
     )
-
-
-def _prompt(content: object) -> str:
-    """A run's input as the user's prompt: a JSON string's text, an object's
-    ``prompt``, else the JSON itself."""
-    text = str(content or "")
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return text
-    if isinstance(value, str):
-        return value
-    if isinstance(value, dict) and isinstance(value.get("prompt"), str):
-        return str(value["prompt"])
-    return text
-
-
-def _json(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 class _Arguments(BaseModel):
