@@ -24,7 +24,12 @@ from es_agents import typed
 from es_agents.core.approvals import ApprovalPolicy
 from es_agents.core.budget import Budget
 from es_agents.core.events import ToolCall
-from es_agents.core.state import AWAITING_MESSAGE, RunState
+from es_agents.core.state import (
+    AWAITING_CHILDREN,
+    AWAITING_MESSAGE,
+    CHILD_LOOKUP_AFTER,
+    RunState,
+)
 from es_agents.core.step import (
     CallModel,
     CallTool,
@@ -187,12 +192,16 @@ class ToolAgent:
         """The step for the calls the model asked for: the calls without a gate
         run at once, concurrently; a gated call waits for its decision (or a
         person's answer) without holding them."""
-        free = [_call_tool(c) for c in state.open_tool_calls if not self._gated(c.name)]
+        running = state.children  # calls whose child run is started: waited for
+        calls = [c for c in state.open_tool_calls if c.call_id not in running]
+        free = [_call_tool(c) for c in calls if not self._gated(c.name)]
         if len(free) > 1:
             return CallTools(tuple(free))
         if free:
             return free[0]
-        call = state.open_tool_calls[0]
+        if not calls:
+            return _await_children(state)
+        call = calls[0]
         tool = self.tools.get(call.name)
         if tool is not None and tool.asks_human:
             return _ask_human(state, call, tool)
@@ -239,6 +248,19 @@ class ToolAgent:
             self.request_params(state),
             self.offered(state),
         )
+
+
+def _await_children(state: RunState) -> Interrupt:
+    """A pause until the children end (each end resumes the run with its output);
+    its timer looks them up in the log should a child's worker die before telling."""
+    wake = (
+        state.updated_at + CHILD_LOOKUP_AFTER if state.updated_at is not None else None
+    )
+    return Interrupt(
+        reason=AWAITING_CHILDREN,
+        detail={"children": dict(state.children)},
+        wake_at=wake,
+    )
 
 
 def _invalid_in_a_row(state: RunState, model: type[BaseModel]) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from es_agents.core.events import (
+    ChildReturned,
     Event,
     MessageReceived,
     ModelResponded,
@@ -35,6 +36,7 @@ FIELDS: dict[type[Event], tuple[str, ...]] = {
     ToolReturned: ("result_json",),
     Resumed: ("input_json",),
     MessageReceived: ("text",),
+    ChildReturned: ("output_json",),
     RunCompleted: ("output_json",),
 }
 

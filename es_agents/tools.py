@@ -12,7 +12,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, Field, JsonValue, ValidationError
 
@@ -100,6 +100,9 @@ class Tool(Generic[A]):
     # with ``escalate_to``, first handed to those deciders for as long again.
     decide_within: timedelta | None = None
     escalate_to: ApprovalPolicy | None = None
+    # A sub-agent (``subagent``): the call starts a child run of this agent, and
+    # the child's output is the call's result.
+    child_agent: str | None = None
 
     def parse(self, args: dict[str, JsonValue]) -> A:
         try:
@@ -208,4 +211,39 @@ def ask_human(
         side_effect=False,
         asks_human=True,
         answer_model=answer,
+    )
+
+
+class Task(BaseModel):
+    task: str = Field(description="The task, in full: the other agent sees it alone")
+
+
+def subagent(
+    agent: str,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    input_model: type[BaseModel] = Task,
+    requires_approval: bool = False,
+    approval: ApprovalPolicy | None = None,
+) -> Tool[Any]:
+    """A tool that hands a task to another agent as a child run: the call starts a
+    run of ``agent`` (its input: the call's arguments, ``input_model``), the run
+    waits for it as a row, and the child's output (or failure) is the call's
+    result. Several calls at once run as several children, joined when all end."""
+
+    def unreachable(args: BaseModel, ctx: ToolContext) -> JsonValue:
+        raise TerminalToolError(f"{agent}: a child run is started, never called")
+
+    return Tool(
+        name=name or agent.replace("-", "_"),
+        fn=unreachable,
+        args_model=input_model,
+        description=description or f"Hand a task to the {agent} agent; get its answer.",
+        side_effect=True,
+        honors_idempotency_key=True,  # the child's id is the key's: started once
+        requires_approval=requires_approval or approval is not None,
+        approval=approval,
+        timeout=None,
+        child_agent=agent,
     )

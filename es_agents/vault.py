@@ -29,6 +29,7 @@ from typing import Any, Protocol, TypeVar, final
 from pydantic import BaseModel
 
 from es_agents.core.events import (
+    ChildReturned,
     Event,
     Interrupted,
     MessageReceived,
@@ -57,6 +58,7 @@ FIELDS: dict[type[Event], tuple[str, ...]] = {
     ToolReturned: ("result_json",),
     Resumed: ("input_json",),
     MessageReceived: ("text",),
+    ChildReturned: ("output_json",),
     RunCompleted: ("output_json",),
 }
 

@@ -29,6 +29,9 @@ class StartRun(Command):
 
     agent: str
     input_json: str = "{}"
+    # A child run: the run that starts it, and the tool call it answers.
+    parent_run_id: str | None = None
+    parent_call_id: str | None = None
 
 
 class ForkRun(Command):
@@ -93,6 +96,23 @@ class Cancel(Command):
     reason: str | None = None
 
 
+class ChildEnded(Command):
+    """To a parent run: its child ended (``status``), with the child's output or
+    error and usage. Sent by the child's worker once the end is durable; its id
+    is ``child-ended:<child run>``, so a second send changes nothing."""
+
+    wire_name: ClassVar[str] = "child_ended"
+
+    call_id: str
+    child_run_id: str
+    status: str
+    output_json: str | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    model_calls: int = 0
+
+
 class FireTimer(Command):
     wire_name: ClassVar[str] = "fire_timer"
 
@@ -111,5 +131,6 @@ COMMAND_TYPES: dict[str, type[Command]] = {
         SendMessage,
         Cancel,
         FireTimer,
+        ChildEnded,
     )
 }

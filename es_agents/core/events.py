@@ -89,6 +89,9 @@ class RunStarted(Event):
     model_id: str = ""
     tools_hash: str = ""
     reducer_version: int = 1
+    # A child run: the run that started it, and the tool call it answers.
+    parent_run_id: str | None = None
+    parent_call_id: str | None = None
 
 
 class ModelCallRequested(Event):
@@ -165,6 +168,24 @@ class MessageReceived(Event):
 
     text: str
     by: str
+    command_id: str
+    claims: tuple[PayloadClaim, ...] = ()
+
+
+class ChildReturned(Event):
+    """A child run ended; its output (or its failure) is the result of the parent's
+    tool call that started it, and its usage counts in the parent's."""
+
+    wire_name: ClassVar[str] = "child_returned"
+
+    call_id: str
+    child_run_id: str
+    status: str  # completed | failed | cancelled
+    output_json: str | None = None
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    model_calls: int = 0
     command_id: str
     claims: tuple[PayloadClaim, ...] = ()
 
@@ -247,5 +268,6 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ApprovalRecorded,
         DecisionRefused,
         MessageReceived,
+        ChildReturned,
     )
 }

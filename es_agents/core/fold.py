@@ -13,8 +13,11 @@ import json
 from collections.abc import Iterable
 from functools import singledispatch
 
+from pydantic import JsonValue
+
 from es_agents.core.events import (
     ApprovalRecorded,
+    ChildReturned,
     DecisionRefused,
     Event,
     Forked,
@@ -33,7 +36,9 @@ from es_agents.core.events import (
     ToolReturned,
 )
 from es_agents.core.state import (
+    AWAITING_CHILDREN,
     AWAITING_MESSAGE,
+    CHILD_PREFIX,
     GATE_PREFIX,
     MESSAGE_IDS_KEPT,
     LastResume,
@@ -110,6 +115,8 @@ def _(event: RunStarted, state: RunState) -> None:
         tools_hash=event.tools_hash,
         reducer_version=event.reducer_version,
     )
+    state.parent_run_id = event.parent_run_id
+    state.parent_call_id = event.parent_call_id
 
 
 def _require_started(state: RunState, event: Event) -> None:
@@ -227,7 +234,67 @@ def _(event: StatePatched, state: RunState) -> None:
         else:
             raise FoldError(f"run {state.run_id}: {event.key} must hold an object")
         return
+    if event.key.startswith(CHILD_PREFIX):  # a call's child run started
+        _child_started(state, event.key[len(CHILD_PREFIX) :], value)
     state.vars[event.key] = value
+
+
+def _child_started(state: RunState, call_id: str, child: JsonValue) -> None:
+    """The call's effect is done (the child run is started): no longer in flight;
+    it stays open until the child ends (``child_returned``)."""
+    pending = next((p for p in state.pending_tools if p.call_id == call_id), None)
+    if pending is None or not isinstance(child, str):
+        raise FoldError(
+            f"run {state.run_id}: child run for {call_id} without its request"
+        )
+    state.pending_tools.remove(pending)
+    state.pending = state.pending_tools[0] if state.pending_tools else None
+    state.tool_calls += 1
+
+
+@_apply.register
+def _(event: ChildReturned, state: RunState) -> None:
+    _require_started(state, event)
+    key = CHILD_PREFIX + event.call_id
+    if state.vars.get(key) != event.child_run_id:
+        raise FoldError(
+            f"run {state.run_id}: child_returned for {event.call_id}: no child "
+            f"run {event.child_run_id} is open for it"
+        )
+    del state.vars[key]
+    state.command_ids.add(event.command_id)
+    state.prompt_tokens += event.prompt_tokens
+    state.completion_tokens += event.completion_tokens
+    state.model_calls += event.model_calls
+    name = next(
+        (c.name for c in state.open_tool_calls if c.call_id == event.call_id), ""
+    )
+    state.open_tool_calls = [
+        c for c in state.open_tool_calls if c.call_id != event.call_id
+    ]
+    state.last_outcome_seq = event.seq
+    content = (
+        (event.output_json or "null")
+        if event.status == "completed"
+        else f"error: child run {event.child_run_id} {event.status}: {event.error}"
+    )
+    state.transcript.append(
+        {
+            "role": "tool",
+            "tool_call_id": event.call_id,
+            "name": name,
+            "content": content,
+        }
+    )
+    waiting = state.waiting
+    if (
+        state.status == "paused"
+        and waiting is not None
+        and waiting.reason == AWAITING_CHILDREN
+        and not state.children
+    ):
+        state.status = "running"
+        state.waiting = None
 
 
 @_apply.register

@@ -136,6 +136,14 @@ def to_snapshot(state: RunState, inline: bool = True) -> dict[str, JsonValue]:
             if state.origin_run is not None
             else {}
         ),
+        **(
+            {
+                "parent_run_id": state.parent_run_id,
+                "parent_call_id": state.parent_call_id,
+            }
+            if state.parent_run_id is not None
+            else {}
+        ),
     }
 
 
@@ -205,6 +213,8 @@ def from_snapshot(
         started_at=_parse_time(data.get("started_at")),
         updated_at=_parse_time(data.get("updated_at")),
         origin_run=data.get("origin_run"),
+        parent_run_id=data.get("parent_run_id"),
+        parent_call_id=data.get("parent_call_id"),
         origin_seq=data.get("origin_seq"),
     )
 

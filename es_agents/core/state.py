@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Final, Literal
 
 from pydantic import JsonValue
@@ -14,6 +14,14 @@ from es_agents.core.transcript import Transcript
 RunStatus = Literal["running", "paused", "completed", "failed", "cancelled", "blocked"]
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "cancelled"})
 AWAITING_MESSAGE: Final = "awaiting_message"  # a thread between turns
+AWAITING_CHILDREN: Final = "awaiting_children"  # child runs it started are running
+# state_patched keys of a tool call that started a child run: "child:<call id>" ->
+# the child's run id (the call is answered when the child ends: child_returned).
+CHILD_PREFIX = "child:"
+# A run waiting for its children looks them up in the log this long after its
+# last event, and as long again after each look (a child's worker may have died
+# between the child's end and telling the parent).
+CHILD_LOOKUP_AFTER = timedelta(seconds=60)
 GATE_PREFIX = "gate:"
 # state_patched keys of gates whose deadline passed and went to other deciders:
 # {"since_seq": the pause's interrupted seq, "decide_by": the new deadline}.
@@ -127,6 +135,9 @@ class RunState:
     # A fork: the run its log was copied from, and the last seq copied.
     origin_run: str | None = None
     origin_seq: int | None = None
+    # A child run: the run that started it, and that run's tool call it answers.
+    parent_run_id: str | None = None
+    parent_call_id: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.transcript, Transcript):  # a list of messages
@@ -135,6 +146,15 @@ class RunState:
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL
+
+    @property
+    def children(self) -> dict[str, str]:
+        """The child runs it started that have not ended: call id -> run id."""
+        return {
+            k[len(CHILD_PREFIX) :]: str(v)
+            for k, v in self.vars.items()
+            if k.startswith(CHILD_PREFIX) and isinstance(v, str)
+        }
 
     @property
     def thread(self) -> bool:

@@ -20,6 +20,7 @@ from pydantic import JsonValue
 from es_agents.core.commands import (
     Approve,
     Cancel,
+    ChildEnded,
     Command,
     FireTimer,
     ForkRun,
@@ -29,6 +30,7 @@ from es_agents.core.commands import (
     StartRun,
 )
 from es_agents.core.events import (
+    ChildReturned,
     Event,
     Interrupted,
     MessageReceived,
@@ -87,7 +89,11 @@ class PatchState:
 @dataclass(frozen=True)
 class Interrupt:
     reason: Literal[
-        "awaiting_approval", "awaiting_input", "awaiting_message", "sleeping"
+        "awaiting_approval",
+        "awaiting_input",
+        "awaiting_message",
+        "awaiting_children",
+        "sleeping",
     ]
     gate: str | None = None
     detail: dict[str, JsonValue] = field(default_factory=dict)
@@ -213,6 +219,8 @@ def start(
         agent=command.agent,
         input_json=command.input_json,
         command_id=command.command_id,
+        parent_run_id=command.parent_run_id,
+        parent_call_id=command.parent_call_id,
         **(versions or {}),
     )
 
@@ -268,6 +276,8 @@ def decide(  # noqa: PLR0912 - one branch per command and verdict
         )
     elif isinstance(command, SendMessage):
         _decide_message(state, command, out)
+    elif isinstance(command, ChildEnded):
+        _decide_child(state, command, out)
     elif isinstance(command, Cancel):
         out.add(
             RunFailed,
@@ -321,6 +331,48 @@ def _decide_message(state: RunState, command: SendMessage, out: EventBuilder) ->
         raise Refused("the message is empty")
     out.add(
         MessageReceived, text=command.text, by=command.by, command_id=command.command_id
+    )
+
+
+def _decide_child(state: RunState, command: ChildEnded, out: EventBuilder) -> None:
+    """A child run's end: the result of the call that started it."""
+    if state.children.get(command.call_id) != command.child_run_id:
+        raise Refused(
+            f"run {state.run_id} has no open child run {command.child_run_id} "
+            f"for call {command.call_id}"
+        )
+    out.add(
+        ChildReturned,
+        call_id=command.call_id,
+        child_run_id=command.child_run_id,
+        status=command.status,
+        output_json=command.output_json,
+        error=command.error,
+        prompt_tokens=command.prompt_tokens,
+        completion_tokens=command.completion_tokens,
+        model_calls=command.model_calls,
+        command_id=command.command_id,
+    )
+
+
+def child_ended(state: RunState) -> ChildEnded | None:
+    """What a child run that ended tells its parent (None: it has no parent, or
+    has not ended)."""
+    if state.parent_run_id is None or state.parent_call_id is None:
+        return None
+    if not state.terminal:
+        return None
+    return ChildEnded(
+        command_id=f"child-ended:{state.run_id}",
+        run_id=state.parent_run_id,
+        call_id=state.parent_call_id,
+        child_run_id=state.run_id,
+        status=state.status,
+        output_json=state.output_json,
+        error=state.error,
+        prompt_tokens=state.prompt_tokens,
+        completion_tokens=state.completion_tokens,
+        model_calls=state.model_calls,
     )
 
 

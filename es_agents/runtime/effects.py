@@ -29,6 +29,7 @@ from es_agents.errors import (
     Unavailable,
 )
 from es_agents.retry import aretrying
+from es_agents.runtime import children
 from es_agents.runtime.context import Stepping
 from es_agents.runtime.pools import Overdue
 from es_agents.tools import Lookup, Tool, ToolContext
@@ -42,6 +43,9 @@ async def call_tool(loop: Stepping, state: RunState, step: CallTool) -> None:
     number, key = _request(loop, state, step)
     await loop.flush()  # write-ahead: nothing happens downstream before it is durable
     result, error = await _perform(loop, state.run_id, step, number, key)
+    if isinstance(result, children.Started):
+        children.record(loop, step.call_id, result)
+        return
     if result is _UNCERTAIN:
         await uncertain(loop, state, key, step.tool, step.call_id, why=error)
         return
@@ -62,6 +66,10 @@ async def call_tools(loop: Stepping, state: RunState, step: CallTools) -> None:
     async def one(call: CallTool, number: int, key: str) -> None:
         async with slots:
             result, error = await _perform(loop, state.run_id, call, number, key)
+        if isinstance(result, children.Started):
+            children.record(loop, call.call_id, result)
+            await loop.flush()
+            return
         if result is _UNCERTAIN:
             unsure.append((call, key, error))
             return
@@ -105,6 +113,11 @@ async def _perform(
     error: str | None
     if tool is None:
         result, error = None, f"unknown tool {step.tool!r}"
+    elif tool.child_agent is not None:  # the effect: the child run's start
+        result, error = (
+            await children.start(loop, run_id, step, key, tool.child_agent),
+            None,
+        )
     else:
         ctx = context(loop, run_id, number, key)
         with loop.ctx.tracer.tool_call(step.tool, step.call_id) as span:
@@ -255,6 +268,13 @@ async def _run_tool(
 async def reconcile(loop: Stepping, state: RunState, pending: PendingToolCall) -> None:
     """A ``tool_call_requested`` with no outcome: find out what happened by key,
     and record it as ``tool_returned`` marked reconciled (or pause, uncertain)."""
+    tool = loop.agent.tools.get(pending.tool)
+    if tool is not None and tool.child_agent is not None:  # started again: a no-op
+        call = CallTool(pending.call_id, pending.tool, _args(pending.args_json))
+        key = pending.idempotency_key
+        started = await children.start(loop, state.run_id, call, key, tool.child_agent)
+        children.record(loop, pending.call_id, started)
+        return
     outcome = await _reconciled_outcome(loop, state, pending)
     if outcome is not None and outcome[0] is _UNCERTAIN:
         await uncertain(

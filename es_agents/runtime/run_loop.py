@@ -45,7 +45,13 @@ from es_agents.core.events import (
 from es_agents.core.fold import fold
 from es_agents.core.fork import fork_events
 from es_agents.core.gate import gate_events
-from es_agents.core.state import PendingModelCall, PendingToolCall, RunState
+from es_agents.core.state import (
+    AWAITING_CHILDREN,
+    CHILD_LOOKUP_AFTER,
+    PendingModelCall,
+    PendingToolCall,
+    RunState,
+)
 from es_agents.core.step import (
     CallModel,
     CallTool,
@@ -73,12 +79,13 @@ from es_agents.errors import (
     RunError,
 )
 from es_agents.ports import Decided, Position
-from es_agents.runtime import effects, model_steps
+from es_agents.runtime import children, effects, model_steps
 from es_agents.runtime.context import NotMine, RunActor, RunContext
 from es_agents.vault import encrypted
 
 log = logging.getLogger(__name__)
 
+ENDS = (RunCompleted, RunFailed)
 # Refused decisions recorded as events per pause; later ones only in the ledger.
 REFUSALS_LOGGED = 10
 
@@ -187,6 +194,11 @@ class RunLoop:
             lifecycle.acknowledged(self.agent.name, batch)
             for event in batch:
                 ctx.probe.hit(f"after_append:{event.wire_name}")
+            state = self.state
+            if state is not None and state.terminal and isinstance(batch[-1], ENDS):
+                told = children.on_end(state)  # the parent, and open children
+                if told:
+                    await ctx.io(ctx.log.send_all, told)
         verdicts, self.verdicts = self.verdicts, []
         if verdicts:
             await ctx.io(ctx.book.decided, verdicts)
@@ -349,6 +361,8 @@ class RunLoop:
             recorded = self.judged(self.state, command)
             if recorded is not None:
                 return recorded
+        if isinstance(command, FireTimer) and self.look_for_children(command):
+            return None
         if isinstance(command, FireTimer) and self.ctx.escalations:
             handed = escalation(self.state, command, self.ctx.escalations)
             if handed is not None:  # the deadline passed: to the other deciders
@@ -365,6 +379,26 @@ class RunLoop:
         except EsAgentsError as e:
             raise RunError("reducer_error", f"{command.wire_name}: {e}") from e
         return None
+
+    def look_for_children(self, command: FireTimer) -> bool:
+        """A run waiting for its children, woken by its timer: the children that
+        ended (read in the log) answer their calls; the timer is armed again for
+        those still running. False: not such a timer."""
+        state = self.state
+        waiting = state.waiting if state is not None else None
+        if (
+            state is None
+            or waiting is None
+            or waiting.reason != AWAITING_CHILDREN
+            or timer_id(state.run_id, waiting.since_seq) != command.timer_id
+        ):
+            return False
+        for told in children.ended_children(self.ctx, state):
+            self.buffer.extend(decide(state, told))
+        if state.status == "paused":
+            due = max(command.due_at, command.at) + CHILD_LOOKUP_AFTER
+            self.ctx.timers.schedule(command.timer_id, state.run_id, due)
+        return True
 
     def judged(self, state: RunState, command: Approve | Reject) -> str | None:
         """A decision on a gate with an approval policy: refused (recorded, then
