@@ -90,6 +90,9 @@ class ToolAgent:
     # answer one JSON object that fits the output model (the run's output).
     input_model: type[BaseModel] | None = None
     output_model: type[BaseModel] | None = None
+    # While it waits for child runs (``subagent`` tools): how long before it looks
+    # them up in the log itself, should a child's worker die before telling it.
+    children_lookup: timedelta = CHILD_LOOKUP_AFTER
 
     def __post_init__(self) -> None:
         if self.conversational and self.output_model is not None:
@@ -200,7 +203,7 @@ class ToolAgent:
         if free:
             return free[0]
         if not calls:
-            return _await_children(state)
+            return _await_children(state, self.children_lookup)
         call = calls[0]
         tool = self.tools.get(call.name)
         if tool is not None and tool.asks_human:
@@ -250,12 +253,10 @@ class ToolAgent:
         )
 
 
-def _await_children(state: RunState) -> Interrupt:
+def _await_children(state: RunState, lookup: timedelta) -> Interrupt:
     """A pause until the children end (each end resumes the run with its output);
     its timer looks them up in the log should a child's worker die before telling."""
-    wake = (
-        state.updated_at + CHILD_LOOKUP_AFTER if state.updated_at is not None else None
-    )
+    wake = state.updated_at + lookup if state.updated_at is not None else None
     return Interrupt(
         reason=AWAITING_CHILDREN,
         detail={"children": dict(state.children)},

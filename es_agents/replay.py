@@ -18,6 +18,7 @@ from datetime import datetime
 from es_agents.core.chain import ChainCheck
 from es_agents.core.events import (
     ApprovalRecorded,
+    ChildReturned,
     DecisionRefused,
     Event,
     Forked,
@@ -36,7 +37,7 @@ from es_agents.core.events import (
 from es_agents.core.fold import fold
 from es_agents.core.run_row import run_row
 from es_agents.core.snapshot import to_snapshot
-from es_agents.core.state import RunState
+from es_agents.core.state import CHILD_PREFIX, RunState
 from es_agents.errors import DecodeError, EsAgentsError
 from es_agents.ports import EventLog, Projections
 from es_agents.settings import ModelPrice
@@ -211,7 +212,20 @@ def _details(  # noqa: PLR0911, PLR0912 - one return per event type
     prices: Mapping[str, ModelPrice],
 ) -> dict[str, object]:
     if isinstance(event, RunStarted):
-        return {"agent": event.agent, "agent_version": event.agent_version}
+        return {
+            "agent": event.agent,
+            "agent_version": event.agent_version,
+            "parent": event.parent_run_id,
+        }
+    if isinstance(event, ChildReturned):
+        return {
+            "child": event.child_run_id,
+            "status": event.status,
+            "output": _short(event.output_json),
+            "error": _short(event.error),
+            "prompt_tokens": event.prompt_tokens,
+            "completion_tokens": event.completion_tokens,
+        }
     if isinstance(event, ModelCallRequested):
         requested[event.step] = event
         params = json.loads(event.params_json or "{}")
@@ -281,6 +295,8 @@ def _details(  # noqa: PLR0911, PLR0912 - one return per event type
             "to": event.to_version,
         }
     if isinstance(event, StatePatched):
+        if event.key.startswith(CHILD_PREFIX):  # a call's child run started
+            return {"child": json.loads(event.value_json), "call_id": event.key[6:]}
         return {"key": event.key, "value": _short(event.value_json)}
     if isinstance(event, Forked):
         return {"origin": f"{event.origin_run}@{event.origin_seq}", "by": event.by}

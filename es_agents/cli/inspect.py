@@ -4,6 +4,7 @@ never change the database (no migrations)."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,43 @@ if TYPE_CHECKING:
     from es_agents.core import RunState
 
 
+def _family_lines(summary: Mapping[str, object]) -> list[str]:
+    """A sub-agent's parent, a run's children."""
+    out = []
+    if summary["parent"]:
+        out.append(f"parent: {summary['parent']}")
+    children = summary["children"]
+    if isinstance(children, list) and children:
+        out.append(f"children: {' '.join(map(str, children))}")
+    return out
+
+
+def _chain_line(breaks: list[str], head: str) -> str:
+    if not breaks:
+        return f"hash chain: intact, head {head[:16]}..."
+    return f"hash chain: {len(breaks)} break(s)"
+
+
+def _print_check(check: Any, summary: Mapping[str, object]) -> None:
+    """``replay``'s report for people: the timeline, then what it found."""
+    state = check.state
+    for entry in check.timeline:
+        click.echo(_timeline_line(entry))
+    if state is not None:
+        click.echo(f"status={state.status} step={state.step} events={state.seq + 1}")
+    for line in _family_lines(summary):
+        click.echo(line)
+    for note in check.notes:
+        click.echo(f"note: {note}")
+    if check.events:
+        click.echo(_chain_line(check.chain, check.head))
+    click.echo(
+        "projection: consistent with the log"
+        if check.consistent
+        else f"MISMATCH: {check.mismatch}"
+    )
+
+
 @cli.command()
 @click.argument("run_id")
 @output_option
@@ -48,6 +86,7 @@ def replay(run_id: str, record_to: str | None) -> None:
     """
     from es_agents.app import build_client_ports  # noqa: PLC0415
     from es_agents.replay import check_run  # noqa: PLC0415
+    from es_agents.run_tree import child_runs  # noqa: PLC0415
     from es_agents.settings import load_settings  # noqa: PLC0415
     from es_agents.vault import FORGOTTEN, Cipher  # noqa: PLC0415
 
@@ -82,31 +121,15 @@ def replay(run_id: str, record_to: str | None) -> None:
         "mismatch": check.mismatch,
         "notes": check.notes,
         "chain": {"intact": not check.chain, "breaks": check.chain, "head": check.head},
+        "parent": state.parent_run_id if state else None,
+        "children": child_runs(check.events),
     }
     if OUTPUT.format == "jsonl":
         emit_many([*check.timeline, {"summary": summary}])
     elif machine():
         emit({"events": check.timeline, "summary": summary})
     else:
-        for entry in check.timeline:
-            click.echo(_timeline_line(entry))
-        if state is not None:
-            click.echo(
-                f"status={state.status} step={state.step} events={state.seq + 1}"
-            )
-        for note in check.notes:
-            click.echo(f"note: {note}")
-        if check.events:
-            click.echo(
-                f"hash chain: intact, head {check.head[:16]}..."
-                if not check.chain
-                else f"hash chain: {len(check.chain)} break(s)"
-            )
-        click.echo(
-            "projection: consistent with the log"
-            if check.consistent
-            else f"MISMATCH: {check.mismatch}"
-        )
+        _print_check(check, summary)
     if record_to is not None and state is not None:
         _record(run_id, check.events, state, record_to)
     if not check.consistent:

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 TERMINAL = ("completed", "failed", "cancelled")
 # What each entry shows after its type, in this order, when present.
 _SHOWN = (
-    "agent", "model", "attempt", "prompt_tokens", "completion_tokens", "latency_ms",
+    "agent", "parent", "child", "status", "model", "attempt", "prompt_tokens",
+    "completion_tokens", "latency_ms",
     "cost_usd", "tool_calls", "content", "tool", "args", "key", "side_effect",
     "result", "error", "reconciled", "reason", "gate", "wake_at", "by", "detail",
     "output",
@@ -119,8 +120,20 @@ def show(run_id: str, follow: bool, every: float) -> None:
                     more()
                 if not machine():
                     click.echo(f"status: {status}", err=True)
+                    _family(c, run_id)
                 return
             time.sleep(every)
+
+
+def _family(c: Client, run_id: str) -> None:
+    """The run's parent and child runs, when it has any (sub-agents)."""
+    from es_agents.run_tree import lines, tree  # noqa: PLC0415
+
+    family = tree(c.events, run_id)
+    if family.get("parent") or family.get("children"):
+        if family.get("parent"):
+            click.echo(f"parent: {family['parent']}")
+        click.echo("tree:\n" + "\n".join(lines(family, "  ")))
 
 
 @contextlib.contextmanager

@@ -396,7 +396,8 @@ class RunLoop:
         for told in children.ended_children(self.ctx, state):
             self.buffer.extend(decide(state, told))
         if state.status == "paused":
-            due = max(command.due_at, command.at) + CHILD_LOOKUP_AFTER
+            after = getattr(self.agent, "children_lookup", CHILD_LOOKUP_AFTER)
+            due = max(command.due_at, command.at) + after
             self.ctx.timers.schedule(command.timer_id, state.run_id, due)
         return True
 

@@ -37,6 +37,7 @@ from starlette.templating import Jinja2Templates
 from es_agents.client import Client, RunView
 from es_agents.errors import EsAgentsError, NotFound
 from es_agents.replay import timeline
+from es_agents.run_tree import child_runs
 from es_agents.settings import ModelPrice
 from es_agents.ui.auth import SignIn, cross_site, csrf_token
 from es_agents.ui.conversation import conversation
@@ -203,7 +204,9 @@ class _Pages:
             return {"run_id": run_id, "missing": True, "approval_key": "missing"}
         entries = timeline(events, self.prices)
         awaiting = _awaiting(view)
+        children = await _call(self._children, events)
         return {
+            "children": children,
             "run_id": run_id,
             "missing": False,
             "view": view,
@@ -213,6 +216,16 @@ class _Pages:
             "approval_key": _approval_key(view, awaiting),
             "cost": round(sum(float(str(e.get("cost_usd") or 0)) for e in entries), 6),
         }
+
+    def _children(self, events: list[Any]) -> list[tuple[str, str]]:
+        """The child runs a run started (sub-agents), with their status."""
+        out = []
+        for child in child_runs(events):
+            try:
+                out.append((child, self.client.status(child).status))
+            except NotFound:
+                out.append((child, "pending"))
+        return out
 
     async def decide(self, request: Request) -> Response:
         run_id = request.path_params["run_id"]
