@@ -26,13 +26,19 @@ from es_agents.core.events import (
     ModelResponded,
     Resumed,
     RunStarted,
+    StatePatched,
     ToolCallRequested,
     ToolReturned,
 )
 from es_agents.core.fold import fold
 from es_agents.core.run_row import run_row
 from es_agents.core.snapshot import to_snapshot
-from es_agents.core.state import PendingModelCall, PendingToolCall, RunState
+from es_agents.core.state import (
+    CHILD_PREFIX,
+    PendingModelCall,
+    PendingToolCall,
+    RunState,
+)
 from es_agents.errors import EsAgentsError
 from es_agents.ports import EffectLedger, EventLog, Projections
 from es_agents.replay import first_difference, head_difference
@@ -61,6 +67,8 @@ class RunAudit:
     broken: bool = False  # a gap or conflict: the fold stops here
     chain: ChainCheck | None = None
     unprojected: list[int] = field(default_factory=list)  # seqs without a row
+    parent: str | None = None  # a child run's parent (sub-agents)
+    children: list[str] = field(default_factory=list)  # the child runs it started
 
 
 @dataclass
@@ -69,6 +77,13 @@ class AuditReport:
     events: int
     seconds: float
     fenced_writes: int = 0  # events of fenced workers (zombies) the log left out
+
+    def tree_cost(self, run_id: str, depth: int = 0) -> float:
+        """A run's cost with its child runs' (sub-agents) that the topic has."""
+        run = self.runs.get(run_id)
+        if run is None or depth > 8:
+            return 0.0
+        return run.cost_usd + sum(self.tree_cost(c, depth + 1) for c in run.children)
 
     def to_json(self) -> dict[str, Any]:
         agents: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -121,6 +136,15 @@ class AuditReport:
                 "per_run": {
                     r.run_id: {
                         "agent": r.agent,
+                        **({"parent": r.parent} if r.parent else {}),
+                        **(
+                            {
+                                "children": r.children,
+                                "tree_cost_usd": round(self.tree_cost(r.run_id), 6),
+                            }
+                            if r.children
+                            else {}
+                        ),
                         "model_calls": r.model_calls,
                         "prompt_tokens": r.prompt_tokens,
                         "completion_tokens": r.completion_tokens,
@@ -260,6 +284,9 @@ def _apply(run: RunAudit, event: Event, prices: Mapping[str, ModelPrice]) -> Non
         return
     if isinstance(event, RunStarted):
         run.agent = event.agent
+        run.parent = event.parent_run_id
+    elif isinstance(event, StatePatched) and event.key.startswith(CHILD_PREFIX):
+        run.children.append(str(json.loads(event.value_json)))
     elif isinstance(event, ModelResponded):
         usage = event.usage
         run.model_calls += 1

@@ -94,6 +94,11 @@ def test_a_lead_fans_out_and_joins_its_children(
     replayed = cli(env, "replay", run_id)
     line = next(x for x in replayed.stdout.splitlines() if x.startswith("children:"))
     assert sorted(line.split()[1:]) == children
+    audited = cli(env, "audit", "-o", "json")
+    assert audited.returncode == 0, audited.stderr
+    per_run = json.loads(audited.stdout)["cost"]["per_run"]
+    assert sorted(per_run[run_id]["children"]) == children
+    assert all(per_run[c]["parent"] == run_id for c in children)
 
 
 def test_a_child_whose_worker_died_before_telling_is_found(

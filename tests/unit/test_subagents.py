@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from es_agents.agent import ToolAgent
+from es_agents.core.budget import Budget
 from es_agents.core.events import ChildReturned, StatePatched, ToolCall
 from es_agents.core.state import AWAITING_CHILDREN
 from es_agents.models import Completion, ScriptedModel, reply
@@ -160,3 +161,19 @@ def test_cancelling_the_parent_cancels_its_children(es_harness: Harness) -> None
     assert lead.state(run_id).status == "cancelled"
     researcher.run()
     assert [researcher.state(c).status for c in children] == ["cancelled"] * 2
+
+
+def test_the_childrens_model_calls_count_in_the_parents_budget(
+    es_harness: Harness,
+) -> None:
+    lead = _lead("A", "B")
+    lead.budget = Budget(max_model_calls=3)  # its 1 + its children's 2 leave none
+    parent, researcher = es_harness(lead), es_harness(_researcher())
+    run_id = parent.start()
+    parent.run()
+    researcher.run()
+    parent.run()
+    state = parent.state(run_id)
+    assert state.status == "failed"
+    assert state.model_calls == 3
+    assert "model calls" in (state.error or "")
