@@ -30,13 +30,18 @@ pytestmark = pytest.mark.integration
 AGENT = ("triage", "tests.openai_agents_agents:triage")
 
 # The turns whose answer a crash leaves unrecorded: asked again, once.
-ASKED_AGAIN = {"after_action:model@2": {1}}
+ASKED_AGAIN = {"after_action:model@2": {1}, "before_append:model_responded@3": {2}}
 CRASHES: list[Crash] = [
+    (0, "after_append:model_call_requested@2"),  # intention durable, not called
     (0, "after_action:model@2"),  # the handoff asked for, not recorded
+    (0, "before_append:model_responded@3"),  # billing's answer not durable
     (0, "after_append:model_responded@2"),  # the handoff's call durable
     (0, "after_append:state_patched"),  # the run handed to billing
     (0, "after_append:tool_returned@2"),  # the handoff answered
+    (0, "after_append:tool_call_requested@2"),  # the email's intention durable
     (0, "after_action:tool@2"),  # the email sent, its outcome not durable
+    (0, "before_append:tool_returned@3"),  # the same, at the append itself
+    (1, "after_append:tool_call_requested@1"),  # the refund's intention durable
     (1, "after_action:tool@1"),  # the refund made, its outcome not durable
 ]
 

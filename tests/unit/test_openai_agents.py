@@ -104,3 +104,16 @@ def test_a_crash_after_the_handoff_continues_with_billing(
     ]
     assert turns == [0, 1, 2, 3]  # no answer asked for twice
     assert [e["tool"] for e in EFFECTS] == ["send_email"]
+
+
+def test_the_examples_load_as_a_worker_loads_them() -> None:
+    from es_agents.agent import load_agent  # noqa: PLC0415
+
+    pai = load_agent("examples.pydantic_ai_desk:agent")
+    assert (pai.name, declared(pai)) == ("pai-desk", frozenset({"refund"}))
+    sdk = load_agent("examples.openai_agents_desk:agent")
+    assert (sdk.name, declared(sdk)) == ("triage", frozenset({"refund"}))
+
+
+def declared(agent: Any) -> frozenset[str]:
+    return frozenset(agent.gates)
