@@ -30,7 +30,7 @@ lead = ToolAgent(
     system_prompt="Split the work between researchers, then sum up.",
     model=ScriptedModel([FAN_OUT, reply("Summed up.")], calls_log=_log),
     tool_list=[subagent("researcher")],
-    children_lookup=timedelta(seconds=2),
+    children_lookup=timedelta(seconds=2),  # looks its children up itself after
 )
 
 researcher = ToolAgent(

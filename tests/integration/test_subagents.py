@@ -106,11 +106,13 @@ def test_a_child_whose_worker_died_before_telling_is_found(
 ) -> None:
     run_id = _start(kafka_settings)
     _worker(env, LEAD)
-    # Each researcher killed after its end is durable, before the lead is told.
+    # A researcher killed once a child's end is durable, before the lead is told
+    # (one worker may end both children in one append: both untold then).
     _worker(env, RESEARCHER, "after_append:run_completed@1")
-    _worker(env, RESEARCHER, "after_append:run_completed@1")
-    _worker(env, RESEARCHER)
-    with worker(env, LEAD):  # its timer looks the children up in the log
+    _worker(env, RESEARCHER)  # the rest, told (a child that ended is not told)
+    # Only the lead's timer can tell it of the child whose worker died: it looks
+    # the children up in the log.
+    with worker(env, LEAD):
         until(
             lambda: replay(events(kafka_settings, run_id)).status == "completed",
             60,
