@@ -10,11 +10,11 @@ from __future__ import annotations
 import hashlib
 import inspect
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, Field, JsonValue, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
 from es_agents.core.approvals import ApprovalPolicy
 from es_agents.core.step import canonical_json
@@ -212,6 +212,28 @@ def ask_human(
         asks_human=True,
         answer_model=answer,
     )
+
+
+class Arguments(BaseModel):
+    """A tool's arguments as the model gave them, for a tool whose schema is a
+    JSON Schema of its own (``SchemaTool``): checked by the tool, not here."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+@dataclass(frozen=True)
+class SchemaTool(Tool[Arguments]):
+    """A tool described by a JSON Schema from elsewhere (an MCP server, another
+    agent framework): the model is offered ``parameters`` as they are."""
+
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def schema(self) -> dict[str, JsonValue]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+        }
 
 
 class Task(BaseModel):

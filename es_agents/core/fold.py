@@ -203,18 +203,18 @@ def _(event: ToolReturned, state: RunState) -> None:
                 "request"
             )
         name = asked.name
-    state.last_outcome_seq = event.seq
-    state.open_tool_calls = [
-        c for c in state.open_tool_calls if c.call_id != event.call_id
-    ]
     content = event.result_json if event.error is None else f"error: {event.error}"
+    _answered(state, event, event.call_id, name, content)
+
+
+def _answered(
+    state: RunState, event: Event, call_id: str, name: str, content: str | None
+) -> None:
+    """A call the model asked for has its result: closed, and read next."""
+    state.last_outcome_seq = event.seq
+    state.open_tool_calls = [c for c in state.open_tool_calls if c.call_id != call_id]
     state.transcript.append(
-        {
-            "role": "tool",
-            "tool_call_id": event.call_id,
-            "name": name,
-            "content": content,
-        }
+        {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
     )
 
 
@@ -269,23 +269,12 @@ def _(event: ChildReturned, state: RunState) -> None:
     name = next(
         (c.name for c in state.open_tool_calls if c.call_id == event.call_id), ""
     )
-    state.open_tool_calls = [
-        c for c in state.open_tool_calls if c.call_id != event.call_id
-    ]
-    state.last_outcome_seq = event.seq
     content = (
         (event.output_json or "null")
         if event.status == "completed"
         else f"error: child run {event.child_run_id} {event.status}: {event.error}"
     )
-    state.transcript.append(
-        {
-            "role": "tool",
-            "tool_call_id": event.call_id,
-            "name": name,
-            "content": content,
-        }
-    )
+    _answered(state, event, event.call_id, name, content)
     waiting = state.waiting
     if (
         state.status == "paused"

@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal, cast
 
@@ -33,7 +33,7 @@ import anyio
 import jsonschema
 import mcp_types
 from mcp import Client, MCPError
-from pydantic import BaseModel, ConfigDict, JsonValue
+from pydantic import JsonValue
 
 from es_agents.core.approvals import ApprovalPolicy
 from es_agents.errors import (
@@ -43,7 +43,7 @@ from es_agents.errors import (
     TerminalToolError,
 )
 from es_agents.integrations.common import run_to_end
-from es_agents.tools import Tool, ToolContext
+from es_agents.tools import Arguments, SchemaTool, Tool, ToolContext
 
 KEY = "es-agents/idempotency_key"
 FENCING = "es-agents/fencing_token"
@@ -52,37 +52,23 @@ RUN = "es-agents/run_id"
 Server = Any  # what mcp.Client takes: a URL, StdioServerParameters, an MCPServer
 
 
-class MCPArguments(BaseModel):
-    """An MCP tool's arguments: checked against the server's JSON Schema."""
-
-    model_config = ConfigDict(extra="allow")
-
-
 @dataclass(frozen=True)
-class MCPTool(Tool[MCPArguments]):
+class MCPTool(SchemaTool):
     """One tool of an MCP server; its schema is the server's."""
 
-    input_schema: dict[str, Any] = field(default_factory=dict)
     server_name: str = ""
 
-    def parse(self, args: dict[str, JsonValue]) -> MCPArguments:
+    def parse(self, args: dict[str, JsonValue]) -> Arguments:
         problems = sorted(
-            jsonschema.validators.validator_for(self.input_schema)(
-                self.input_schema
+            jsonschema.validators.validator_for(self.parameters)(
+                self.parameters
             ).iter_errors(args),
             key=lambda e: list(e.absolute_path),
         )
         if problems:
             said = "; ".join(_problem(p) for p in problems)
             raise TerminalToolError(f"{self.name}: invalid arguments: {said}")
-        return MCPArguments.model_validate(args)
-
-    def schema(self) -> dict[str, JsonValue]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "parameters": self.input_schema,
-        }
+        return Arguments.model_validate(args)
 
 
 def _problem(error: jsonschema.ValidationError) -> str:
@@ -171,13 +157,13 @@ class MCPTools:
             hints = listed.annotations
             read_only = bool(hints is not None and hints.read_only_hint)
 
-        async def call(args: MCPArguments, ctx: ToolContext) -> JsonValue:
+        async def call(args: Arguments, ctx: ToolContext) -> JsonValue:
             return await self._call(remote, args.model_dump(), ctx, read_only)
 
         return MCPTool(
             name=self.prefix + remote,
             fn=call,
-            args_model=MCPArguments,
+            args_model=Arguments,
             description=listed.description or "",
             side_effect=not read_only,
             honors_idempotency_key=self.honors_idempotency_key,
@@ -186,7 +172,7 @@ class MCPTools:
             timeout=self.timeout,
             on_reject=self.on_reject,
             decide_within=self.decide_within if remote in self.gated else None,
-            input_schema=dict(listed.input_schema),
+            parameters=dict(listed.input_schema),
             server_name=self.name,
         )
 

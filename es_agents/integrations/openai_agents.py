@@ -35,7 +35,7 @@ from agents.models.multi_provider import MultiProvider
 from agents.tool import FunctionTool
 from agents.tool_context import ToolContext as SDKToolContext
 from openai import APIConnectionError, APIStatusError
-from pydantic import BaseModel, ConfigDict, JsonValue
+from pydantic import BaseModel, JsonValue
 
 from es_agents.agent import ToolAgent
 from es_agents.core.approvals import ApprovalPolicy
@@ -52,31 +52,17 @@ from es_agents.core.step import (
 from es_agents.errors import ConfigError, TerminalToolError, Unavailable
 from es_agents.integrations.common import json_or_text, run_to_end, user_prompt
 from es_agents.models import Completion, status_error
-from es_agents.tools import Tool, ToolContext
+from es_agents.tools import Arguments, SchemaTool, ToolContext
 
 ACTIVE = "agent"  # the state key naming the agent that has the conversation
 AGENT_PARAM = "agent"  # the request parameter naming the agent asked
 
 
-class _Arguments(BaseModel):
-    """A tool's arguments as the model gave them (the SDK checks them)."""
-
-    model_config = ConfigDict(extra="allow")
-
-
 @dataclass(frozen=True)
-class SDKTool(Tool[_Arguments]):
+class SDKTool(SchemaTool):
     """A function tool of the SDK, or a handoff; its schema is the SDK's."""
 
-    parameters: dict[str, Any] = field(default_factory=dict)
     hands_to: str | None = None  # a handoff: the agent it hands the run to
-
-    def schema(self) -> dict[str, JsonValue]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "parameters": self.parameters,
-        }
 
 
 @dataclass(frozen=True)
@@ -360,7 +346,7 @@ def _tool(
 ) -> SDKTool:
     name = sdk_tool.name
 
-    async def call(args: _Arguments, ctx: ToolContext) -> JsonValue:
+    async def call(args: Arguments, ctx: ToolContext) -> JsonValue:
         arguments = canonical_json(args.model_dump())
         tool_ctx = SDKToolContext(
             context=context,
@@ -376,7 +362,7 @@ def _tool(
     return SDKTool(
         name=name,
         fn=call,
-        args_model=_Arguments,
+        args_model=Arguments,
         description=sdk_tool.description,
         side_effect=not read_only,
         honors_idempotency_key=honors_key,
@@ -394,13 +380,13 @@ def _handoff_tool(target: Agent[Any] | Handoff[Any, Any]) -> SDKTool:
         )
     made = handoff(target)
 
-    async def unreachable(args: _Arguments, ctx: ToolContext) -> JsonValue:
+    async def unreachable(args: Arguments, ctx: ToolContext) -> JsonValue:
         raise TerminalToolError(f"{made.tool_name} is answered by the run, never run")
 
     return SDKTool(
         name=made.tool_name,
         fn=unreachable,
-        args_model=_Arguments,
+        args_model=Arguments,
         description=made.tool_description,
         side_effect=False,
         parameters=dict(made.input_json_schema),

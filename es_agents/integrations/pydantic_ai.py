@@ -24,10 +24,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
-from pydantic import BaseModel, ConfigDict, JsonValue
+from pydantic import BaseModel, JsonValue
 from pydantic_ai import Agent, ModelRetry
 from pydantic_ai.direct import model_request
 from pydantic_ai.exceptions import (
@@ -67,7 +67,7 @@ from es_agents.errors import (
 )
 from es_agents.integrations.common import json_or_text, run_to_end, user_prompt
 from es_agents.models import Completion, status_error
-from es_agents.tools import Tool, ToolContext
+from es_agents.tools import Arguments, SchemaTool, Tool, ToolContext
 from es_agents.typed import problems
 
 RETRY = "retry: "  # a tool's ModelRetry, as the model reads it again
@@ -300,27 +300,6 @@ def from_pydantic_ai(response: ModelResponse, model_id: str) -> Completion:
     )
 
 
-class _Arguments(BaseModel):
-    """A tool's arguments as the model gave them (the tool's own validator checks
-    them when it is called)."""
-
-    model_config = ConfigDict(extra="allow")
-
-
-@dataclass(frozen=True)
-class ToolsetTool(Tool[_Arguments]):
-    """A tool of a Pydantic AI toolset; its schema is the tool's definition's."""
-
-    parameters: dict[str, Any] = field(default_factory=dict)
-
-    def schema(self) -> dict[str, JsonValue]:
-        return {
-            "name": self.name,
-            "description": self.description,
-            "parameters": self.parameters,
-        }
-
-
 def _tool(
     definition: ToolDefinition,
     toolset: AbstractToolset[Any],
@@ -331,10 +310,10 @@ def _tool(
     approval: ApprovalPolicy | None,
     read_only: bool,
     honors_key: bool,
-) -> ToolsetTool:
+) -> SchemaTool:
     name = definition.name
 
-    async def call(args: _Arguments, ctx: ToolContext) -> JsonValue:
+    async def call(args: Arguments, ctx: ToolContext) -> JsonValue:
         run_ctx = RunContext[Any](
             deps=deps,
             model=model,
@@ -365,10 +344,10 @@ def _tool(
             raise TerminalToolError(str(e)) from e
         return cast(JsonValue, json.loads(canonical_json(_plain(value))))
 
-    return ToolsetTool(
+    return SchemaTool(
         name=name,
         fn=call,
-        args_model=_Arguments,
+        args_model=Arguments,
         description=definition.description or "",
         side_effect=not read_only,
         honors_idempotency_key=honors_key,
