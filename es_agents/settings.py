@@ -32,14 +32,25 @@ class KafkaSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ES_AGENTS_", extra="ignore")
 
-    bootstrap_servers: str = "127.0.0.1:19092"
+    bootstrap_servers: str = Field(
+        default="127.0.0.1:19092",
+        description="The brokers to reach first: host:port, comma-separated",
+    )
     topic_prefix: str = Field(
         default=KAFKA_PREFIX,
         description=f"Names the topics and owns their runs (default {KAFKA_PREFIX!r}; "
         f"{POSTGRES_PREFIX!r} on the Postgres store)",
     )
-    partitions: int = Field(default=6, ge=1, le=10_000)
-    replication_factor: int = Field(default=1, ge=1)
+    partitions: int = Field(
+        default=6,
+        ge=1,
+        le=10_000,
+        description="Partitions of the topics this creates; recorded with the "
+        "prefix and fixed from then on (a run stays on one partition)",
+    )
+    replication_factor: int = Field(
+        default=1, ge=1, description="Replicas of the topics this creates"
+    )
     min_insync_replicas: int = Field(
         default=1, ge=1, description="Topics' min.insync.replicas (with acks=all)"
     )
@@ -52,7 +63,12 @@ class KafkaSettings(BaseSettings):
     linger_ms: float = Field(
         default=0.0, ge=0, description="0 = send each append at once"
     )
-    delivery_timeout_ms: int = Field(default=30_000, ge=1_000)
+    delivery_timeout_ms: int = Field(
+        default=30_000,
+        ge=1_000,
+        description="How long the producer tries to deliver an append before it "
+        "reports a failure",
+    )
     session_timeout_ms: int = Field(
         default=45_000,
         ge=6_000,
@@ -64,17 +80,27 @@ class KafkaSettings(BaseSettings):
         description="Largest event body; keep below the broker's message.max.bytes",
     )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = (
-        "PLAINTEXT"
+        Field(default="PLAINTEXT", description="librdkafka's security.protocol")
     )
     sasl_mechanism: (
         Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"] | None
-    ) = None
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
-    ssl_ca_location: str | None = None
-    ssl_certificate_location: str | None = None
-    ssl_key_location: str | None = None
-    schema_registry_url: str | None = None
+    ) = Field(default=None, description="librdkafka's sasl.mechanism")
+    sasl_username: str | None = Field(default=None, description="sasl.username")
+    sasl_password: SecretStr | None = Field(default=None, description="sasl.password")
+    ssl_ca_location: str | None = Field(
+        default=None, description="ssl.ca.location: the CA certificate (PEM)"
+    )
+    ssl_certificate_location: str | None = Field(
+        default=None, description="ssl.certificate.location: the client's certificate"
+    )
+    ssl_key_location: str | None = Field(
+        default=None, description="ssl.key.location: the client's private key"
+    )
+    schema_registry_url: str | None = Field(
+        default=None,
+        description="A Confluent Schema Registry: records are framed with its schema "
+        "ids (unset: Avro single-object encoding, the fingerprint on the wire)",
+    )
 
     @field_validator("topic_prefix")
     @classmethod
@@ -170,15 +196,23 @@ class ModelSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="ES_AGENTS_MODEL_", extra="ignore")
 
-    provider: Literal["openai", "anthropic"] = "openai"
+    provider: Literal["openai", "anthropic"] = Field(
+        default="openai",
+        description="openai: Chat Completions (any compatible server); anthropic: "
+        "the Messages API",
+    )
     base_url: str | None = Field(
         default=None,
         description="An OpenAI-compatible server (vLLM, Ollama, llama.cpp, LiteLLM); "
         "unset: the provider's own API",
     )
     name: str = Field(default="gpt-4o-mini", description="The model to ask for")
-    api_key: SecretStr | None = None
-    timeout: float = Field(default=120.0, gt=0)
+    api_key: SecretStr | None = Field(
+        default=None, description="The endpoint's key, when it wants one"
+    )
+    timeout: float = Field(
+        default=120.0, gt=0, description="Seconds one model call may take"
+    )
     max_tokens: int = Field(default=4096, ge=1, description="Anthropic's max_tokens")
 
 
@@ -198,13 +232,21 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ES_AGENTS_", extra="ignore")
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
-    database_url: SecretStr = SecretStr(
-        "postgresql://postgres@127.0.0.1:55432/es_agents"
+    database_url: SecretStr = Field(
+        default=SecretStr("postgresql://postgres@127.0.0.1:55432/es_agents"),
+        description="The read side (and the whole log on the Postgres store)",
     )
-    s3_endpoint: str = "http://127.0.0.1:19000"
-    s3_bucket: str = "es-payloads"
-    s3_access_key: str = "es-agents"
-    s3_secret_key: SecretStr = SecretStr("es-agents-secret")
+    s3_endpoint: str = Field(
+        default="http://127.0.0.1:19000",
+        description="The S3-compatible store of large payloads",
+    )
+    s3_bucket: str = Field(default="es-payloads", description="The payloads' bucket")
+    s3_access_key: str = Field(
+        default="es-agents", description="The store's access key"
+    )
+    s3_secret_key: SecretStr = Field(
+        default=SecretStr("es-agents-secret"), description="The store's secret key"
+    )
     payloads: Literal["s3", "off"] = Field(
         default="s3",
         description="s3: payload fields over the threshold go to the object store",
@@ -258,7 +300,9 @@ class Settings(BaseSettings):
         description="Workers and the projector serve Prometheus metrics on "
         "ES_AGENTS_METRICS_ADDR:PORT/metrics (0: any free port, logged)",
     )
-    metrics_addr: str = "127.0.0.1"
+    metrics_addr: str = Field(
+        default="127.0.0.1", description="The address /metrics is served on"
+    )
     tracing: Literal["off", "otlp"] = Field(
         default="off",
         description="otlp: OpenTelemetry spans of runs and steps, exported by OTLP "

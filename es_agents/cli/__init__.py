@@ -79,6 +79,8 @@ def main() -> None:
         _fail("unavailable", str(e), EXIT_UNAVAILABLE)
     except EsAgentsError as e:
         _fail(type(e).__name__, str(e), EXIT_REFUSED)
+    except TimeoutError as e:  # `wait`: not there in time
+        _fail("timeout", str(e), EXIT_UNAVAILABLE)
 
 
 if __name__ == "__main__":

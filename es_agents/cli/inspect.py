@@ -25,6 +25,7 @@ from es_agents.cli.commands import client
 from es_agents.errors import NotFound
 
 if TYPE_CHECKING:
+    from es_agents.client import RunView
     from es_agents.core import RunState
 
 
@@ -37,6 +38,16 @@ def _family_lines(summary: Mapping[str, object]) -> list[str]:
     if isinstance(children, list) and children:
         out.append(f"children: {' '.join(map(str, children))}")
     return out
+
+
+def _pending(pending: object) -> str | None:
+    """The call in flight: a tool call with its idempotency key, or a model call."""
+    if pending is None:
+        return None
+    tool = getattr(pending, "tool", None)
+    if tool is not None:
+        return f"tool {tool} (key {getattr(pending, 'idempotency_key', '')})"
+    return f"model call (attempt {getattr(pending, 'attempt', 1)})"
 
 
 def _chain_line(breaks: list[str], head: str) -> str:
@@ -297,7 +308,7 @@ def _summary(state: RunState) -> dict[str, object]:
         "waiting": waiting.reason if waiting else None,
         "gate": waiting.gate if waiting else None,
         "wake_at": waiting.wake_at if waiting else None,
-        "pending": type(state.pending).__name__ if state.pending else None,
+        "pending": _pending(state.pending),
         "model_calls": state.model_calls,
         "model_attempts": state.model_attempts,
         "tool_calls": state.tool_calls,
@@ -358,6 +369,50 @@ def status(run_id: str) -> None:
     """
     with client() as c:
         view = c.status(run_id)
+    _print_view(run_id, view)
+
+
+STATUSES = ("running", "paused", "blocked", "completed", "failed", "cancelled")
+
+
+@cli.command("wait")
+@click.argument("run_id")
+@click.option(
+    "--for",
+    "wanted",
+    default="paused,completed,failed,cancelled",
+    show_default=True,
+    help="Statuses to wait for, comma-separated (of " + ", ".join(STATUSES) + ").",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0),
+    default=60.0,
+    show_default=True,
+    help="Seconds to wait; exit 4 when the run is not there by then.",
+)
+@output_option
+def wait_for(run_id: str, wanted: str, timeout: float) -> None:
+    """Wait until RUN's status is one of --for, then print it as ``status`` does.
+    For scripts: ``es-agents wait $RUN --for paused`` before an approval."""
+    statuses = tuple(s.strip() for s in wanted.split(",") if s.strip())
+    unknown = [s for s in statuses if s not in STATUSES]
+    if unknown or not statuses:
+        raise click.BadParameter(
+            f"{', '.join(unknown) or 'nothing'}: not a status (one of "
+            f"{', '.join(STATUSES)})",
+            param_hint="--for",
+        )
+    with client() as c:
+        try:
+            view = c.wait(run_id, until=statuses, timeout=timeout)
+        except TimeoutError:
+            c.status(run_id)  # no such run: exit 3 rather than 4
+            raise
+    _print_view(run_id, view)
+
+
+def _print_view(run_id: str, view: RunView) -> None:
     summary: dict[str, object] = (
         _summary(view.state)
         if view.state is not None

@@ -18,20 +18,35 @@ S3PROXY_VERSION = "4.0.0"
 class DevSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ES_AGENTS_DEV_", extra="ignore")
 
-    home: Path = Field(default_factory=lambda: Path.home() / ".es-agents" / "dev")
-    host: str = "127.0.0.1"
-    kafka_port: int = 19092
-    kafka_controller_port: int = 19093
-    kafka_heap: str = "512m"
-    # Brokers of the local cluster (``dev up --brokers 3``); unset: what the stack's
-    # home says it was made with, else 1. Node i listens on kafka_port + 100*(i-1).
-    kafka_brokers: int | None = Field(default=None, ge=1, le=9)
-    postgres_port: int = 55432
-    postgres_fsync: bool = True
-    s3_port: int = 19000
-    s3_access_key: str = "es-agents"
-    s3_secret_key: str = "es-agents-secret"  # noqa: S105 - a local dev stack
-    s3_bucket: str = "es-payloads"
+    home: Path = Field(
+        default_factory=lambda: Path.home() / ".es-agents" / "dev",
+        description="Where the local stack keeps its jars, data, logs and pids",
+    )
+    host: str = Field(default="127.0.0.1", description="The address it listens on")
+    kafka_port: int = Field(default=19092, description="The broker's client port")
+    kafka_controller_port: int = Field(
+        default=19093, description="The KRaft controller's port"
+    )
+    kafka_heap: str = Field(default="512m", description="The broker's JVM heap")
+    kafka_brokers: int | None = Field(
+        default=None,
+        ge=1,
+        le=9,
+        description="Brokers of the local cluster (dev up --brokers 3); unset: what "
+        "the stack's home was made with, else 1. Node i listens on "
+        "kafka_port + 100*(i-1)",
+    )
+    postgres_port: int = Field(default=55432, description="Postgres' port")
+    postgres_fsync: bool = Field(
+        default=True, description="Postgres' fsync (on, as in production)"
+    )
+    s3_port: int = Field(default=19000, description="S3Proxy's port")
+    s3_access_key: str = Field(default="es-agents", description="S3Proxy's access key")
+    s3_secret_key: str = Field(
+        default="es-agents-secret",  # a local dev stack
+        description="S3Proxy's secret key",
+    )
+    s3_bucket: str = Field(default="es-payloads", description="The bucket it makes")
 
     @property
     def root(self) -> Path:

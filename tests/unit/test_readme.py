@@ -1,22 +1,25 @@
-"""The README's Python examples run as written: here the ones that need nothing
-running; ``tests/integration/test_readme_stack.py`` runs the ones that need the dev
-stack (they say so on their first line)."""
+"""The README's and the tutorials' Python examples run as written: here the ones that
+need nothing running; ``tests/integration/test_newcomer.py`` runs the pages whole
+against the real stack."""
 
-import re
-import textwrap
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
-NEEDS_STACK = "# With the dev stack up"
+import pytest
+
+from tests.doc_blocks import DOCS, README, blocks, offline_python
+
+PAGES = [README, *sorted((DOCS / "tutorials").glob("*.md"))]
 
 
-def python_blocks() -> list[str]:
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), re.DOTALL)
-    return [textwrap.dedent(b) for b in blocks]
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_python_blocks_that_need_nothing_run(page: Path) -> None:
+    for block in offline_python(page):
+        exec(compile(block.code, str(page), "exec"), {})  # noqa: S102 - our own pages
 
 
-def test_readme_python_blocks_run() -> None:
-    offline = [b for b in python_blocks() if not b.startswith(NEEDS_STACK)]
-    assert len(offline) >= 3
-    for code in offline:
-        exec(compile(code, str(README), "exec"), {})  # noqa: S102 - our own README
+def test_the_readme_has_its_blocks_and_stays_short() -> None:
+    assert len(README.read_text().splitlines()) <= 250
+    found = blocks(README)
+    assert [b.file for b in found if b.file] == ["my_agent.py"]
+    assert any(b.lang == "bash" and "es-agents serve" in b.code for b in found)
+    assert len(offline_python(README)) >= 2
