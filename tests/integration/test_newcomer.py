@@ -5,6 +5,7 @@ tool acted — against the real stack, each page as one bash script."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -36,10 +37,8 @@ def run_page(page: Path, folder: Path, env: dict[str, str]) -> str:
     try:
         out, err = proc.communicate(timeout=420)
     finally:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)  # a job the page left running
-        except ProcessLookupError:
-            pass
     assert proc.returncode == 0, f"{page.name} failed:\n{out[-4000:]}\n{err[-4000:]}"
     return out  # the commands' output; the logs went to stderr
 
@@ -62,3 +61,30 @@ def test_the_readme_then_the_first_tutorial(
     tickets = json.loads((tmp_path / "tickets.json").read_text())
     assert len(tickets) == 3  # three runs, one ticket each: none filed twice
     assert len(set(tickets)) == 3
+
+
+def test_the_approvals_tutorial(env: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    out = run_page(DOCS / "tutorials" / "approvals.md", tmp_path, env)
+    assert out.count("refused (exit 1)") == 3  # unsigned, mallory, alice twice
+    assert "['alice']" in out  # one approval of two, recorded
+    assert "approval_recorded" in out
+    assert "resumed" in out
+    assert "reason=approved  by=bob" in out  # the quorum's second approver resumed it
+
+
+def test_the_demo_tutorial(env: dict[str, str], tmp_path: Path) -> None:
+    """Its first block starts the stack and the ticketing service: the test's
+    fixtures provide both (ES_AGENTS_TICKETS_URL)."""
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    out = run_page(DOCS / "tutorials" / "demo.md", tmp_path, env)
+    assert "the worker was killed (exit 137)" in out
+    assert "pending: tool create_ticket" in out
+    assert "reconciled=True" in out
+    assert "projection: consistent with the log" in out
+
+
+def test_the_testing_tutorial(env: dict[str, str], tmp_path: Path) -> None:
+    (tmp_path / ".venv").symlink_to(ROOT / ".venv")
+    out = run_page(DOCS / "tutorials" / "testing.md", tmp_path, env)
+    assert out.count("2 passed") == 2  # in memory, then on Kafka and Postgres
