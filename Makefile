@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: demo test install lint typecheck unit up down clean
+.PHONY: demo test install lint typecheck unit up down clean docs docs-serve
 
 $(BIN)/es-agents: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,16 @@ typecheck: install
 
 unit: install
 	$(BIN)/python -m pytest -q tests/unit
+
+# The documentation site (MkDocs, Material theme) into site/; --strict fails on a
+# broken link, anchor or reference.
+MKDOCS := NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(BIN)/mkdocs
+
+docs: install
+	$(MKDOCS) build --strict
+
+docs-serve: install
+	$(MKDOCS) serve --strict -a 127.0.0.1:8001
 
 up: install
 	$(BIN)/es-agents dev up

@@ -25,6 +25,8 @@ $BIN/ruff format --check .
 $BIN/ruff check .
 $BIN/mypy es_agents projectors examples tests
 $BIN/es-agents schemas check
+echo "== documentation site, strict ($(date +%T))"
+NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $BIN/mkdocs build --strict --quiet
 
 was_up=0
 $BIN/es-agents dev status >/dev/null 2>&1 && was_up=1
@@ -43,6 +45,8 @@ $BIN/es-agents dev up
 # timers and workers (the two cores were 40 % busy with one process), so three share
 # them (tests serially ~22 minutes, in two processes ~13, in three 8-10). A test that
 # stops a shared service is marked serial and runs alone afterwards.
+# The browser test saves the web UI's pages into the tutorials' screenshots.
+export ES_AGENTS_UI_SCREENSHOTS="${ES_AGENTS_UI_SCREENSHOTS:-$PWD/docs/screenshots}"
 echo "== tests ($(date +%T))"
 status=0
 $BIN/python -m pytest -p no:cacheprovider -o console_output_style=classic --durations=15 \

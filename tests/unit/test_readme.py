@@ -1,6 +1,6 @@
-"""The README's and the tutorials' Python examples run as written: here the ones that
-need nothing running; ``tests/integration/test_newcomer.py`` runs the pages whole
-against the real stack."""
+"""The Python examples of the README and of every page of the documentation run as
+written: here the ones that need nothing running; ``tests/integration/test_newcomer.py``
+runs the README and the tutorials whole against the real stack."""
 
 from pathlib import Path
 
@@ -8,10 +8,10 @@ import pytest
 
 from tests.doc_blocks import DOCS, README, blocks, offline_python
 
-PAGES = [README, *sorted((DOCS / "tutorials").glob("*.md"))]
+PAGES = [README, *sorted(DOCS.rglob("*.md"))]
 
 
-@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(README.parent)))
 def test_python_blocks_that_need_nothing_run(page: Path) -> None:
     for block in offline_python(page):
         exec(compile(block.code, str(page), "exec"), {})  # noqa: S102 - our own pages
