@@ -1,4 +1,4 @@
-"""The pytest plugin users test their agents with: the README's example runs as a
+"""The pytest plugin users test their agents with: the tutorial's example runs as a
 user's test file would (a pytest process of its own, the plugin found by its entry
 point), and the virtual clock wakes a sleeping run."""
 
@@ -19,12 +19,13 @@ from es_agents.core.state import RunState
 from es_agents.core.step import Finish, Interrupt, Step
 from es_agents.runtime.worker import Worker
 from es_agents.testing import AgentHarness, VirtualClock
-from tests.unit.test_readme import python_blocks
+from tests.doc_blocks import DOCS, blocks
 
 
-def test_the_readme_example_passes_as_a_users_test_file(tmp_path: Path) -> None:
-    example = next(b for b in python_blocks() if b.startswith("# test_my_agent.py"))
-    (tmp_path / "test_my_agent.py").write_text(example)
+def test_the_tutorials_example_passes_as_a_users_test_file(tmp_path: Path) -> None:
+    page = DOCS / "tutorials" / "testing.md"
+    example = next(b for b in blocks(page) if b.file == "test_my_agent.py")
+    (tmp_path / "test_my_agent.py").write_text(example.code)
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "."],
         cwd=tmp_path,
