@@ -82,6 +82,15 @@ SERVED_GRACE_SECONDS = 10.0
 AGENT_CACHE_SECONDS = 1.0
 X = TypeVar("X")
 M = TypeVar("M", bound=BaseModel)
+C = TypeVar("C", bound=Command)
+# What a person writes into a command beside its input: sealed like the input.
+FREE_TEXTS = ("args_json", "comment", "reason")
+
+
+def _free_text(command: Command) -> bool:
+    return any(getattr(command, name, None) for name in FREE_TEXTS)
+
+
 SIGNED_FOR = timedelta(minutes=15)  # a signed decision's default validity
 
 
@@ -146,8 +155,8 @@ class Client:
         text = as_json(input_json, "the run's input")
         self._check_topics()
         run_id = run_id or str(uuid.uuid4())
-        command = StartRun(
-            run_id=run_id, agent=agent, input_json=self._seal(run_id, text)
+        command = self._claimed(
+            StartRun(run_id=run_id, agent=agent, input_json=self._seal(run_id, text))
         )
         too_large = self._too_large(command)
         if too_large is not None:
@@ -196,10 +205,17 @@ class Client:
             return None
         return (
             f"agent {agent!r} encrypts its runs' payloads and this client has no "
-            "master key: the input would stay in plain text in the commands topic "
+            "master key: its input (or reason, or comment) would stay in plain text "
+            "in the commands topic "
             "after the run is forgotten. Set ES_AGENTS_MASTER_KEY or "
             "ES_AGENTS_MASTER_KEY_FILE"
         )
+
+    def _claimed(self, command: C) -> C:
+        """An input over the payload threshold stored in the object store, the
+        command carrying its claim (as events do); as it is without a claim check."""
+        claims = self._ports.claims
+        return claims.claim_command(command) if claims is not None else command
 
     def _too_large(self, command: Command) -> str | None:
         """Why a command is larger than the log takes (None: it fits)."""
@@ -318,11 +334,22 @@ class Client:
         return self.send(self._sealed_args(signed), wait)
 
     def _sealed_args(self, command: Approve | Reject) -> Approve | Reject:
-        """Edited arguments encrypted like the run's own (when this client seals)."""
-        if not isinstance(command, Approve) or command.args_json is None:
+        """Edited arguments, a comment or a reason encrypted like the run's own
+        payloads (when this client seals)."""
+        return self._sealed_texts(command)
+
+    def _sealed_texts(self, command: C) -> C:
+        """The command's free texts (edited arguments, a comment, a reason) sealed
+        under the run's data key when this client has the master key: none stays in
+        plain text in the commands topic once the run is forgotten."""
+        if not self._seals:
             return command
-        sealed = self._seal(command.run_id, command.args_json)
-        return command.model_copy(update={"args_json": sealed})
+        update = {
+            name: self._seal(command.run_id, value)
+            for name in FREE_TEXTS
+            if isinstance(value := getattr(command, name, None), str) and value
+        }
+        return command.model_copy(update=update) if update else command
 
     def provide_input(
         self, run_id: str, by: str, input_json: object, wait: float = 10.0
@@ -330,7 +357,7 @@ class Client:
         """Give a run waiting for input its input: JSON text, a JSON value or a
         pydantic model, as for ``start``."""
         sealed = self._seal(run_id, as_json(input_json, "the input"))
-        command = ProvideInput(run_id=run_id, by=by, input_json=sealed)
+        command = self._claimed(ProvideInput(run_id=run_id, by=by, input_json=sealed))
         too_large = self._too_large(command)
         if too_large is not None:
             return CommandResult(command, "refused", too_large)
@@ -430,7 +457,8 @@ class Client:
     def cancel(
         self, run_id: str, by: str, reason: str | None = None, wait: float = 10.0
     ) -> CommandResult:
-        return self.send(Cancel(run_id=run_id, by=by, reason=reason), wait)
+        command = Cancel(run_id=run_id, by=by, reason=reason)
+        return self.send(self._sealed_texts(command), wait)
 
     def send(self, command: Command, wait: float = 10.0) -> CommandResult:
         """Check a decision against the run as applied, send it, await the verdict."""
@@ -447,7 +475,9 @@ class Client:
         if state is None:
             raise NotFound(f"unknown run {command.run_id}")
         refusal = self._gate_refusal(state, command)
-        if refusal is None and isinstance(command, ProvideInput):
+        if refusal is None and (
+            isinstance(command, ProvideInput) or _free_text(command)
+        ):
             refusal = self._plain_to_encrypted(state.agent)
         if refusal is not None:
             return CommandResult(command, "refused", refusal)

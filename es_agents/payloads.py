@@ -1,8 +1,11 @@
 """The claim check: payload fields over a threshold go to an object store.
 
-A completion's content, a tool call's arguments, a tool's result or a person's input
-larger than ``threshold`` bytes is stored by its SHA-256 (``sha256/<hex>``) and the
-event carries a ``PayloadClaim`` (field, hash, size, key) with the field left empty.
+A completion's content, a tool call's arguments, a tool's result, a run's input or a
+person's input larger than ``threshold`` bytes is stored by its SHA-256
+(``sha256/<hex>``) and the event carries a ``PayloadClaim`` (field, hash, size, key)
+with the field left empty. Commands do the same with their inputs (a start's, a
+provided one): the client stores them, the worker reads them back before it applies
+the command.
 Every reader restores the field before folding, and checks the hash: a missing or
 altered object raises ``PayloadUnavailable`` naming run, step and key — never a
 silent wrong state.
@@ -12,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+from es_agents.core.commands import Command, ProvideInput, StartRun
 from es_agents.core.events import (
     ChildReturned,
     Event,
@@ -22,6 +26,7 @@ from es_agents.core.events import (
     PayloadClaim,
     Resumed,
     RunCompleted,
+    RunStarted,
     ToolCall,
     ToolCallRequested,
     ToolReturned,
@@ -31,6 +36,7 @@ from es_agents.errors import ConfigError, PayloadUnavailable
 DEFAULT_THRESHOLD = 256 * 1024
 # The payload fields of each event type that may be claim-checked.
 FIELDS: dict[type[Event], tuple[str, ...]] = {
+    RunStarted: ("input_json",),
     ModelResponded: ("content",),
     ToolCallRequested: ("args_json",),
     ToolReturned: ("result_json",),
@@ -39,6 +45,12 @@ FIELDS: dict[type[Event], tuple[str, ...]] = {
     ChildReturned: ("output_json",),
     RunCompleted: ("output_json",),
 }
+# The payload field of each command that may be claim-checked.
+COMMAND_FIELDS: dict[type[Command], str] = {
+    StartRun: "input_json",
+    ProvideInput: "input_json",
+}
+C = TypeVar("C", bound=Command)
 
 
 class BlobStore(Protocol):
@@ -104,6 +116,27 @@ class ClaimCheck:
             return event
         return event.model_copy(update={**update, "claims": tuple(claims)})
 
+    def claim_command(self, command: C) -> C:
+        """The command with its input stored away when it is over the threshold."""
+        name = COMMAND_FIELDS.get(type(command))
+        if name is None:
+            return command
+        data = str(getattr(command, name)).encode()
+        if len(data) <= self.threshold:
+            return command
+        claim = self._put(name, data)
+        return command.model_copy(update={name: "", "claims": (claim,)})
+
+    def restore_command(self, command: C) -> C:
+        """The command with its claimed input read back and checked."""
+        claims: tuple[PayloadClaim, ...] = getattr(command, "claims", ())
+        if not claims:
+            return command
+        update: dict[str, Any] = {"claims": ()}
+        for claim in claims:
+            update[claim.field] = self._get(command.run_id, 0, claim)
+        return command.model_copy(update=update)
+
     def _put(self, name: str, data: bytes) -> PayloadClaim:
         digest = hashlib.sha256(data).hexdigest()
         key = f"sha256/{digest}"
@@ -118,7 +151,7 @@ class ClaimCheck:
         update: dict[str, Any] = {"claims": ()}
         calls = list(getattr(event, "tool_calls", ()))
         for claim in claims:
-            text = self._get(event, claim)
+            text = self._get(event.run_id, event.step, claim)
             if claim.field.startswith("tool_calls."):
                 index = int(claim.field.split(".")[1])
                 call: ToolCall = calls[index]
@@ -128,22 +161,22 @@ class ClaimCheck:
                 update[claim.field] = text
         return event.model_copy(update=update)
 
-    def _get(self, event: Event, claim: PayloadClaim) -> str:
-        where = f"run {event.run_id}, step {event.step}, key {claim.key}"
+    def _get(self, run_id: str, step: int, claim: PayloadClaim) -> str:
+        where = f"run {run_id}, step {step}, key {claim.key}"
         try:
             data = self.store.get(claim.key)
         except PayloadUnavailable as e:
             raise PayloadUnavailable(
                 f"payload of {claim.field} ({where}) is unavailable: {e}",
-                event.run_id,
-                event.step,
+                run_id,
+                step,
                 claim.key,
             ) from e
         if len(data) != claim.size or hashlib.sha256(data).hexdigest() != claim.sha256:
             raise PayloadUnavailable(
                 f"payload of {claim.field} ({where}) does not match its hash",
-                event.run_id,
-                event.step,
+                run_id,
+                step,
                 claim.key,
             )
         return data.decode()

@@ -36,6 +36,7 @@ from es_agents.core.events import (
     ModelResponded,
     Resumed,
     RunCompleted,
+    RunFailed,
     RunStarted,
     ToolCallRequested,
     ToolReturned,
@@ -60,6 +61,7 @@ FIELDS: dict[type[Event], tuple[str, ...]] = {
     MessageReceived: ("text",),
     ChildReturned: ("output_json",),
     RunCompleted: ("output_json",),
+    RunFailed: ("error",),  # a cancel's reason, a tool's or model's message
 }
 
 

@@ -32,6 +32,7 @@ from es_agents.adapters.postgres_projections import load_projected
 from es_agents.core.authorship import (
     AUTH_HEADER,
     Authenticator,
+    chunk_bytes,
     describe,
     mac_of,
     snapshot_bytes,
@@ -384,11 +385,15 @@ class Projector:
                 (run_id,),
             ).fetchone()
             stored = max(int(row[0]) if row else -1, 0) * CHUNK
+        auth = self.log.auth
         for chunk, messages in transcript_chunks(state.transcript, stored):
-            batch.chunks.append((run_id, chunk, Jsonb(messages)))
+            chunk_mac = None
+            if auth is not None:  # over the messages as the JSON column gives back
+                signed = chunk_bytes(run_id, chunk, json.loads(json.dumps(messages)))
+                chunk_mac = mac_of(auth.header(signed))
+            batch.chunks.append((run_id, chunk, Jsonb(messages), chunk_mac))
         self._stored[run_id] = len(state.transcript)
         text = json.dumps(to_snapshot(state, inline=False))
-        auth = self.log.auth
         mac = None
         if auth is not None:  # over the state as the JSON column gives it back
             signed = snapshot_bytes(run_id, state.seq, head, json.loads(text))
@@ -441,9 +446,9 @@ class Projector:
                 cur.execute(_INSERT_EVENTS, _columns(batch.events, 10))
             if batch.chunks:
                 cur.executemany(
-                    "INSERT INTO run_transcripts (run_id, chunk, messages) "
-                    "VALUES (%s, %s, %s) ON CONFLICT (run_id, chunk) "
-                    "DO UPDATE SET messages = EXCLUDED.messages",
+                    "INSERT INTO run_transcripts (run_id, chunk, messages, mac) "
+                    "VALUES (%s, %s, %s, %s) ON CONFLICT (run_id, chunk) "
+                    "DO UPDATE SET messages = EXCLUDED.messages, mac = EXCLUDED.mac",
                     batch.chunks,
                 )
             if batch.snapshots:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from pydantic import BaseModel, JsonValue
 from es_agents.agent import ToolAgent
 from es_agents.core.state import RunState
 from es_agents.core.step import Finish, Interrupt, PatchState, Step
+from es_agents.core.transcript import Message
 from es_agents.core.versions import StateMigration
 from es_agents.lab import research
 from es_agents.lab.bench import ToolLoop
@@ -391,6 +393,30 @@ fragile = ToolAgent(
         model_id="scripted-fragile",
     ),
     tool_list=[blob, confirm],
+)
+
+
+# -- a long transcript behind a gate: 35 no-op calls, then confirm (two chunks of
+# stored messages); the last answer says what the model was sent as the input, and
+# whether anything it was sent names MALLORY (the trust-boundary tests' marker) -----
+def _what_it_saw(messages: Sequence[Message]) -> Completion:
+    asked = next(str(m.get("content")) for m in messages if m.get("role") == "user")
+    marked = " and MALLORY" if "MALLORY" in json.dumps(list(messages)) else ""
+    return reply(f"saw {asked}{marked}")
+
+
+longwinded = ToolAgent(
+    name="longwinded",
+    system_prompt="Call noop many times, then confirm, then say what you were asked.",
+    model=ScriptedModel(
+        [
+            *(call("noop", f"n{i}") for i in range(35)),
+            call("confirm", "c"),
+            _what_it_saw,
+        ],
+        model_id="scripted-longwinded",
+    ),
+    tool_list=[noop, confirm],
 )
 
 

@@ -1,7 +1,8 @@
 """Agents of the security tests, imported by worker processes
 (``tests.secure_agents:...``): a four-eyes signed gate (``four_eyes``, and
 ``four_eyes_twice`` that pays two invoices), an agent whose payloads are encrypted
-(``sealed``) and one whose tools take and return secrets (``secretive``)."""
+(``sealed``, and ``sealed_gate`` behind a gate) and one whose tools take and return
+secrets (``secretive``)."""
 
 from __future__ import annotations
 
@@ -75,6 +76,24 @@ sealed = ToolAgent(
         model_id="scripted-keeper",
     ),
     tool_list=[keep],
+    encrypted=True,
+)
+
+
+@tool(KeepArgs, requires_approval=True, on_reject="tell_model")
+def file_note(args: KeepArgs, ctx: ToolContext) -> JsonValue:
+    """Files a note once a person agreed (a rejection's reason goes to the model)."""
+    return {"filed": args.note}
+
+
+sealed_gate = ToolAgent(
+    name="sealed-gate",
+    system_prompt="File the note.",
+    model=ScriptedModel(
+        [call("file_note", "f1", note="a note"), reply("done")],
+        model_id="scripted-filer",
+    ),
+    tool_list=[file_note],
     encrypted=True,
 )
 

@@ -10,7 +10,12 @@ from typing import Any, final
 import psycopg
 
 from es_agents.adapters.postgres import Database
-from es_agents.core.authorship import AUTH_HEADER, Authenticator, snapshot_bytes
+from es_agents.core.authorship import (
+    AUTH_HEADER,
+    Authenticator,
+    chunk_bytes,
+    snapshot_bytes,
+)
 from es_agents.core.chain import GENESIS, digest
 from es_agents.core.events import Event
 from es_agents.core.fold import fold
@@ -51,7 +56,7 @@ WITH s AS (
 SELECT 0, s.seq, s.state, e.payload, s.mac, e.mac FROM s
     LEFT JOIN run_events e ON e.run_id = %(run)s AND e.seq = s.seq
 UNION ALL
-SELECT 1, t.chunk, t.messages, NULL, NULL, NULL FROM s
+SELECT 1, t.chunk, t.messages, NULL, t.mac, NULL FROM s
     JOIN run_transcripts t ON t.run_id = %(run)s AND t.chunk < s.chunks
         AND t.chunk >= s.chunks - %(last)s
 UNION ALL
@@ -104,7 +109,8 @@ def load_projected(
         prepare=True,
     ).fetchall()
     snapshot = next((r for r in rows if r[0] == 0), None)
-    chunks = [r[2] for r in rows if r[0] == 1]
+    chunk_rows = [(int(r[1]), r[2], r[4]) for r in rows if r[0] == 1]
+    chunks = [messages for _, messages, _ in chunk_rows]
     events = [(bytes(r[3]), r[5]) for r in rows if r[0] == 2]
     offset = next(((int(r[1]), dict(r[2])) for r in rows if r[0] == 3), (0, {}))
     missing = next((int(r[1]) for r in rows if r[0] == 4), 0)
@@ -114,6 +120,8 @@ def load_projected(
     if snapshot is not None:
         try:
             verified = auth is None or _snapshot_verifies(auth, run_id, snapshot)
+            if auth is not None:
+                _chunks_verify(auth, run_id, chunk_rows)
             state = _restored(snapshot[2], chunks, read_chunks, missing, verified)
             snapshot_seq = int(snapshot[1])
             if snapshot[3] is not None:
@@ -135,6 +143,24 @@ def load_projected(
                     (run_id,),
                 )
             ]
+    state, head = fold_verified(
+        events, decode, run_id, restore, auth, state=state, head=head
+    )
+    return state, snapshot_seq, len(events), head, offset
+
+
+def fold_verified(
+    events: list[tuple[bytes, Any]],
+    decode: Callable[[bytes], Event],
+    run_id: str,
+    restore: Callable[[Event], Event] | None,
+    auth: Authenticator | None,
+    *,
+    state: RunState | None = None,
+    head: bytes = GENESIS,
+) -> tuple[RunState | None, bytes]:
+    """Projected events (bytes, MAC) folded onto ``state``; with ``auth`` each must
+    verify and chain on the one before, else ``ProjectionUntrusted``."""
     for raw, mac in events:
         if auth is not None and not auth.verifies(_header(mac), raw):
             raise ProjectionUntrusted(
@@ -151,7 +177,19 @@ def load_projected(
             event = restore(event)
         state = fold(state if state is not None else RunState(run_id=run_id), event)
         head = digest(raw)
-    return state, snapshot_seq, len(events), head, offset
+    return state, head
+
+
+def _chunks_verify(
+    auth: Authenticator, run_id: str, rows: list[tuple[int, Any, Any]]
+) -> None:
+    """``ValueError`` unless every (chunk, messages, MAC) verifies: a chunk is what
+    a resumed run sends its model, so one the projector did not write is not used."""
+    for chunk, messages, mac in rows:
+        if not auth.verifies(_header(mac), chunk_bytes(run_id, chunk, messages)):
+            raise ValueError(
+                f"transcript chunk {chunk} does not verify against the writer key"
+            )
 
 
 def _header(mac: object) -> list[tuple[str, bytes]]:
@@ -252,25 +290,59 @@ class PostgresProjections:
                 run_id,
                 restore,
                 offset_of=(self._group, self._topic, partition),
-                read_chunks=self._chunk_reader(run_id),
+                read_chunks=self._chunk_reader(run_id, restore),
                 auth=self.auth,
             )
         return Projected(state, snapshot_seq, folded, offset, head, floors)
 
-    def _chunk_reader(self, run_id: str) -> ChunkLoader:
+    def _chunk_reader(
+        self, run_id: str, restore: Callable[[Event], Event] | None
+    ) -> ChunkLoader:
         """Reads a resumed run's transcript chunks when its messages are asked for
-        (the model is sent them), in one statement."""
+        (the model is sent them), in one statement. With the writer key, a chunk
+        that does not verify (changed, or written before chunks were signed) is not
+        sent: the chunks are rebuilt from the run's projected events, each verified
+        and chained, and the mismatch is reported."""
 
         def read(first: int, last: int) -> list[tuple[int, list[Message]]]:
             with self._db.statement() as conn:
                 rows = conn.execute(
-                    "SELECT chunk, messages FROM run_transcripts WHERE run_id = %s "
-                    "AND chunk >= %s AND chunk < %s ORDER BY chunk",
+                    "SELECT chunk, messages, mac FROM run_transcripts "
+                    "WHERE run_id = %s AND chunk >= %s AND chunk < %s ORDER BY chunk",
                     (run_id, first, last),
                 ).fetchall()
-            return [(int(r[0]), list(r[1])) for r in rows]
+            found = [(int(r[0]), list(r[1]), r[2]) for r in rows]
+            if self.auth is not None:
+                try:
+                    _chunks_verify(self.auth, run_id, found)
+                except ValueError as e:
+                    log.warning("run %s: %s: rebuilt from its events", run_id, e)
+                    return self._rebuilt(run_id, restore, first, last)
+            return [(chunk, messages) for chunk, messages, _ in found]
 
         return read
+
+    def _rebuilt(
+        self,
+        run_id: str,
+        restore: Callable[[Event], Event] | None,
+        first: int,
+        last: int,
+    ) -> list[tuple[int, list[Message]]]:
+        """Chunks ``first`` to ``last`` of the transcript the run's projected
+        events fold to (the transcript only grows: its prefix is the chunks')."""
+        with self._db.statement() as conn:
+            events = [
+                (bytes(r[0]), r[1])
+                for r in conn.execute(
+                    "SELECT payload, mac FROM run_events WHERE run_id = %s "
+                    "ORDER BY seq",
+                    (run_id,),
+                )
+            ]
+        state, _ = fold_verified(events, self._decode, run_id, restore, self.auth)
+        messages = list(state.transcript) if state is not None else []
+        return [(n, messages[n * CHUNK : (n + 1) * CHUNK]) for n in range(first, last)]
 
     def running(self, partition: int, agent: str) -> set[str]:
         with self._db.transaction() as conn:

@@ -82,6 +82,15 @@ def snapshot_bytes(run_id: str, seq: int, head: bytes, state: object) -> bytes:
     return f"snapshot:{run_id}:{seq}:".encode() + head + b":" + body.encode()
 
 
+def chunk_bytes(run_id: str, chunk: int, messages: object) -> bytes:
+    """What a transcript chunk's MAC covers: the run, the chunk's number and its
+    messages in the canonical JSON form of ``snapshot_bytes``. The number binds it to
+    its place; a chunk only grows, so a signed chunk of the expected length is the
+    run's own."""
+    body = json.dumps(messages, sort_keys=True, separators=(",", ":"), default=str)
+    return f"transcript:{run_id}:{chunk}:".encode() + body.encode()
+
+
 def mac_of(header: tuple[str, bytes]) -> str:
     """An ``es-auth`` header's value, as a text column keeps it."""
     return header[1].decode()

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from es_agents.core.events import new_id, utc_now
+from es_agents.core.events import PayloadClaim, new_id, utc_now
 
 
 class Command(BaseModel):
@@ -32,6 +32,8 @@ class StartRun(Command):
     # A child run: the run that starts it, and the tool call it answers.
     parent_run_id: str | None = None
     parent_call_id: str | None = None
+    # An input over the payload threshold: in the object store, input_json empty.
+    claims: tuple[PayloadClaim, ...] = ()
 
 
 class ForkRun(Command):
@@ -76,6 +78,8 @@ class ProvideInput(Command):
 
     by: str
     input_json: str
+    # An input over the payload threshold: in the object store, input_json empty.
+    claims: tuple[PayloadClaim, ...] = ()
 
 
 class SendMessage(Command):

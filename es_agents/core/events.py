@@ -92,6 +92,7 @@ class RunStarted(Event):
     # A child run: the run that started it, and the tool call it answers.
     parent_run_id: str | None = None
     parent_call_id: str | None = None
+    claims: tuple[PayloadClaim, ...] = ()  # an input in the object store
 
 
 class ModelCallRequested(Event):

@@ -76,6 +76,7 @@ from es_agents.errors import (
     ConfigError,
     EsAgentsError,
     FencedError,
+    PayloadUnavailable,
     RunError,
 )
 from es_agents.ports import Decided, Position
@@ -314,9 +315,26 @@ class RunLoop:
         if not isinstance(command, FireTimer):
             ctx.book.decided([Decided(command, "refused", str(reason))])
 
+    def _restored(self, command: Command) -> Command:
+        """A command whose input a client stored in the object store (claim check),
+        with the input read back; ``Refused`` when it cannot be."""
+        if not getattr(command, "claims", ()):
+            return command
+        claims = self.ctx.claims
+        if claims is None:
+            raise Refused(
+                "its input is in the object store and this worker reads none "
+                "(ES_AGENTS_PAYLOADS=off)"
+            )
+        try:
+            return claims.restore_command(command)
+        except PayloadUnavailable as e:
+            raise Refused(f"its input is unavailable: {e}") from e
+
     def apply(self, command: Command) -> str | None:  # noqa: PLR0912 - per command
         """Apply one command to the run, or raise ``Refused`` / ``NotMine``; a note
         for its sender when it was applied but did not finish (a quorum)."""
+        command = self._restored(command)
         if self.ctx.cipher is not None and encrypted(command):  # a client sealed it
             try:
                 command = self.ctx.cipher.reveal(command.run_id, command, strict=True)

@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, TopicPartition
 from es_agents.lab.demo import _env, cli
 from es_agents.settings import Settings
 from es_agents.vault import FORGOTTEN, new_master_key
-from tests.integration.test_commands import until
+from tests.integration.test_commands import until, worker
 from tests.test_support import ROOT
 
 pytestmark = pytest.mark.integration
@@ -252,3 +252,48 @@ def test_secret_fields_are_sealed_on_the_real_stack(
         assert _in_objects(marker)[0] == []
         assert secret not in shown
         assert marker not in log.read_bytes()
+
+
+def _until_status(env: dict[str, str], run: str, status: str) -> None:
+    until(lambda: _status(env, run)["status"] == status, what=f"{run} {status}")
+
+
+def test_reasons_and_comments_are_sealed_too(
+    env: dict[str, str], database_url: str
+) -> None:
+    """Before: a rejection's or a cancel's reason and an approval's comment stayed in
+    plain text in the commands topic (which never expires) and, for a cancel, in
+    the run's ``run_failed`` and its row, after ``forget`` too. Now a client with the
+    master key seals them like the input, and the worker writes the failure's
+    message encrypted; one without the key may not send them to such an agent."""
+    marker = f"MARKER-{uuid.uuid4().hex}"
+    env = {**env, "ES_AGENTS_MASTER_KEY": new_master_key()}
+    without_key = {k: v for k, v in env.items() if k != "ES_AGENTS_MASTER_KEY"}
+    runs = []
+    with worker(env, f"{AGENTS}:sealed_gate"):
+        for _ in range(4):
+            started = cli(env, "start", "sealed-gate", "-o", "json")
+            assert started.returncode == 0, started.stderr[-2000:]
+            runs.append(str(json.loads(started.stdout)["run_id"]))
+        for run in runs:
+            _until_status(env, run, "paused")
+        decided = [
+            cli(env, "reject", runs[0], "--by", "lead", "--reason", f"{marker}-r"),
+            cli(env, "approve", runs[1], "--by", "lead", "--comment", f"{marker}-c"),
+            cli(env, "cancel", runs[2], "--by", "lead", "--reason", f"{marker}-x"),
+        ]
+        for done in decided:
+            assert done.returncode == 0, done.stdout + done.stderr
+        for run, status in zip(
+            runs[:3], ("completed", "completed", "cancelled"), strict=True
+        ):
+            _until_status(env, run, status)
+        plain = cli(without_key, "cancel", runs[3], "--by", "lead", "--reason", "x")
+        assert plain.returncode == 1, plain.stdout + plain.stderr
+        assert "has no master key" in plain.stdout + plain.stderr
+    projected = cli(env, "projector", "--until-caught-up")
+    assert projected.returncode == 0, projected.stderr[-2000:]
+    assert _in_topics(env, marker.encode()) == []
+    assert _in_tables(database_url, marker.encode()) == []
+    assert f"{marker}-x" in json.dumps(_status(env, runs[2]))  # the key reads it
+    assert f"{marker}-x" not in json.dumps(_status(without_key, runs[2]))

@@ -7,7 +7,14 @@ import pytest
 
 from es_agents.adapters.memory import InMemoryBlobStore
 from es_agents.codec import AvroCodec
-from es_agents.core.events import ModelResponded, StatePatched, ToolCall, ToolReturned
+from es_agents.core.commands import ProvideInput, StartRun
+from es_agents.core.events import (
+    ModelResponded,
+    RunStarted,
+    StatePatched,
+    ToolCall,
+    ToolReturned,
+)
 from es_agents.errors import ConfigError, PayloadUnavailable
 from es_agents.payloads import ClaimCheck
 
@@ -93,3 +100,37 @@ def test_large_says_yes_whenever_claim_would_store(length: int, char: str) -> No
     ):
         claimed = check.claim(event) is not event
         assert check.large(event) or not claimed
+
+
+def test_a_large_input_leaves_its_command_and_its_run_started() -> None:
+    """A start's and a provided input over the threshold travel by reference: the
+    client stores them, the worker reads them back; the run's first event claims
+    the input again (same content, same key)."""
+    store = InMemoryBlobStore()
+    check = ClaimCheck(store, threshold=1024)
+    big = '{"text": "' + "y" * 5000 + '"}'
+    codec = AvroCodec()
+    for command in (
+        StartRun(run_id="r1", agent="a", input_json=big),
+        ProvideInput(run_id="r1", by="ann", input_json=big),
+    ):
+        claimed = check.claim_command(command)
+        assert claimed.input_json == ""
+        [claim] = claimed.claims
+        assert (claim.field, claim.size) == ("input_json", len(big))
+        wire = codec.decode_command(codec.encode(claimed))
+        assert len(codec.encode(claimed)) < 1_000
+        assert check.restore_command(wire) == command
+        small = command.model_copy(update={"input_json": "{}"})
+        assert check.claim_command(small) is small
+    started = RunStarted(
+        run_id="r1", seq=0, step=0, agent="a", input_json=big, command_id="c"
+    )
+    claimed_start = check.claim(started)
+    assert isinstance(claimed_start, RunStarted)
+    assert claimed_start.input_json == ""
+    assert check.restore(codec.decode_event(codec.encode(claimed_start))) == started
+    gone = check.claim_command(StartRun(run_id="r2", agent="a", input_json=big))
+    store.objects.clear()
+    with pytest.raises(PayloadUnavailable, match="input_json"):
+        check.restore_command(gone)
