@@ -56,10 +56,43 @@ def start_command(run_id: str, call: CallTool, key: str, agent: str) -> StartRun
 async def start(
     loop: Stepping, run_id: str, call: CallTool, key: str, agent: str
 ) -> Started:
-    """Send the child's start (the call's intention is durable)."""
+    """Send the child's start (the call's intention is durable); its input sealed
+    under the child's data key when this run or the child's agent encrypts and this
+    worker holds the master key (the commands topic never expires)."""
     command = start_command(run_id, call, key, agent)
-    await loop.ctx.io(loop.ctx.log.send, command)
+    ctx = loop.ctx
+    cipher = ctx.cipher
+    if cipher is not None and (ctx.encrypt or await ctx.io(_encrypts, ctx, agent)):
+        sealed = await ctx.io(cipher.encrypt_text, command.run_id, command.input_json)
+        command = command.model_copy(update={"input_json": sealed})
+    await ctx.io(ctx.log.send, command)
     return Started(command.run_id)
+
+
+def sealed_ends(ctx: RunContext, commands: list[Command]) -> list[Command]:
+    """What an encrypting run tells its parent at its end (its output or error),
+    sealed under the parent's data key: the parent's worker opens it; the commands
+    topic never holds it in plain text."""
+    cipher = ctx.cipher
+    if cipher is None or not ctx.encrypt:
+        return commands
+    out: list[Command] = []
+    for command in commands:
+        if not isinstance(command, ChildEnded):
+            out.append(command)
+            continue
+        update = {
+            name: cipher.encrypt_text(command.run_id, value)
+            for name in ("output_json", "error")
+            if (value := getattr(command, name))
+        }
+        out.append(command.model_copy(update=update))
+    return out
+
+
+def _encrypts(ctx: RunContext, agent: str) -> bool:
+    served = ctx.book.agent(agent)
+    return served is not None and served.encrypted
 
 
 def record(loop: Stepping, call_id: str, started: Started) -> None:
@@ -102,7 +135,10 @@ def ended_children(ctx: RunContext, state: RunState) -> list[ChildEnded]:
             continue
         if not events:
             continue
-        told = child_ended(replay(events))
+        ended = replay(events)
+        if ctx.cipher is not None:  # an encrypting child's output, opened
+            ended = ctx.cipher.reveal(child, ended)
+        told = child_ended(ended)
         if told is not None:
             found.append(told)
     return found

@@ -199,6 +199,7 @@ class RunLoop:
             if state is not None and state.terminal and isinstance(batch[-1], ENDS):
                 told = children.on_end(state)  # the parent, and open children
                 if told:
+                    told = await ctx.io(children.sealed_ends, ctx, told)
                     await ctx.io(ctx.log.send_all, told)
         verdicts, self.verdicts = self.verdicts, []
         if verdicts:

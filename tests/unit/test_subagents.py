@@ -19,6 +19,7 @@ from es_agents.core.state import AWAITING_CHILDREN
 from es_agents.models import Completion, ScriptedModel, reply
 from es_agents.testing import AgentHarness, Crashed, VirtualClock
 from es_agents.tools import subagent
+from es_agents.vault import Cipher
 
 
 def _fan_out(*tasks: str) -> Completion:
@@ -177,3 +178,36 @@ def test_the_childrens_model_calls_count_in_the_parents_budget(
     assert state.status == "failed"
     assert state.model_calls == 3
     assert "model calls" in (state.error or "")
+
+
+def test_encrypting_agents_send_their_children_nothing_in_plain_text(
+    es_harness: Harness,
+) -> None:
+    """Before: a child's start carried its task in plain text in the commands topic
+    (which never expires), and so did the child's answer to its parent. Now the
+    parent's worker seals the task under the child's data key, and the child's
+    worker its output under the parent's; each worker opens what it is sent."""
+    lead_agent = _lead("find the secret plan")
+    researcher_agent = _researcher("the secret plan is here")
+    for agent in (lead_agent, researcher_agent):
+        agent.encrypted = True
+    lead, researcher = es_harness(lead_agent), es_harness(researcher_agent)
+    run_id = lead.start(json.dumps("go"))
+    lead.run()
+    researcher.run()
+    lead.run()
+    cipher = Cipher(lead.ports.vault)
+    state = cipher.reveal(run_id, lead.state(run_id))
+    assert state.status == "completed", state
+    tools = [m for m in state.transcript if m.get("role") == "tool"]
+    assert [json.loads(str(m["content"])) for m in tools] == [
+        {"answer": "the secret plan is here"}
+    ]
+    log = lead.ports.log
+    topic = lead.settings.kafka.commands_topic
+    raw = b"".join(
+        r.value
+        for p in range(lead.settings.kafka.partitions)
+        for r in log.read_partition(topic, p)
+    )
+    assert b"secret plan" not in raw
