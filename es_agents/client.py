@@ -487,6 +487,7 @@ class Client:
                 return CommandResult(command, "applied", "already applied")
         except Refused as e:
             return CommandResult(command, "refused", str(e))
+        command = self._sealed_texts(command)  # a reason, a comment: as the input
         self._book.sent(command)
         position = self._log.send(command)
         return self._await(command, state.agent, position, wait)

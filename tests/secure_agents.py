@@ -80,9 +80,9 @@ sealed = ToolAgent(
 )
 
 
-@tool(KeepArgs, requires_approval=True, on_reject="tell_model")
+@tool(KeepArgs, requires_approval=True)
 def file_note(args: KeepArgs, ctx: ToolContext) -> JsonValue:
-    """Files a note once a person agreed (a rejection's reason goes to the model)."""
+    """Files a note once a person agreed."""
     return {"filed": args.note}
 
 
