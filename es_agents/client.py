@@ -312,7 +312,7 @@ class Client:
         valid_for: timedelta,
     ) -> CommandResult:
         if key is None:
-            return self.send(self._sealed_args(command), wait)
+            return self.send(command, wait)
         state = self._loader.load(command.run_id).state
         if state is None:
             raise NotFound(f"unknown run {command.run_id}")
@@ -331,12 +331,7 @@ class Client:
         signed = command.model_copy(
             update={"key_id": key.key_id, "signature": signature, "expires_at": expires}
         )
-        return self.send(self._sealed_args(signed), wait)
-
-    def _sealed_args(self, command: Approve | Reject) -> Approve | Reject:
-        """Edited arguments, a comment or a reason encrypted like the run's own
-        payloads (when this client seals)."""
-        return self._sealed_texts(command)
+        return self.send(signed, wait)
 
     def _sealed_texts(self, command: C) -> C:
         """The command's free texts (edited arguments, a comment, a reason) sealed
@@ -457,8 +452,7 @@ class Client:
     def cancel(
         self, run_id: str, by: str, reason: str | None = None, wait: float = 10.0
     ) -> CommandResult:
-        command = Cancel(run_id=run_id, by=by, reason=reason)
-        return self.send(self._sealed_texts(command), wait)
+        return self.send(Cancel(run_id=run_id, by=by, reason=reason), wait)
 
     def send(self, command: Command, wait: float = 10.0) -> CommandResult:
         """Check a decision against the run as applied, send it, await the verdict."""

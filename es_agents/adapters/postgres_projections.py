@@ -135,18 +135,22 @@ def load_projected(
                 "run %s: snapshot at seq %s not used (%s)", run_id, snapshot[1], e
             )
             state, snapshot_seq, head = None, None, GENESIS
-            events = [
-                (bytes(r[0]), r[1])
-                for r in conn.execute(
-                    "SELECT payload, mac FROM run_events WHERE run_id = %s "
-                    "ORDER BY seq",
-                    (run_id,),
-                )
-            ]
+            events = _all_events(conn, run_id)
     state, head = fold_verified(
         events, decode, run_id, restore, auth, state=state, head=head
     )
     return state, snapshot_seq, len(events), head, offset
+
+
+def _all_events(conn: psycopg.Connection[Any], run_id: str) -> list[tuple[bytes, Any]]:
+    """Every projected event of the run, (payload, MAC), in order."""
+    return [
+        (bytes(r[0]), r[1])
+        for r in conn.execute(
+            "SELECT payload, mac FROM run_events WHERE run_id = %s ORDER BY seq",
+            (run_id,),
+        )
+    ]
 
 
 def fold_verified(
@@ -332,14 +336,7 @@ class PostgresProjections:
         """Chunks ``first`` to ``last`` of the transcript the run's projected
         events fold to (the transcript only grows: its prefix is the chunks')."""
         with self._db.statement() as conn:
-            events = [
-                (bytes(r[0]), r[1])
-                for r in conn.execute(
-                    "SELECT payload, mac FROM run_events WHERE run_id = %s "
-                    "ORDER BY seq",
-                    (run_id,),
-                )
-            ]
+            events = _all_events(conn, run_id)
         state, _ = fold_verified(events, self._decode, run_id, restore, self.auth)
         messages = list(state.transcript) if state is not None else []
         return [(n, messages[n * CHUNK : (n + 1) * CHUNK]) for n in range(first, last)]
