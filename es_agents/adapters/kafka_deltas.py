@@ -1,7 +1,9 @@
 """The stream of model answers in flight (``Deltas``) on a Kafka topic of its own,
 ``<prefix>.stream``: keyed by run id, JSON values, kept an hour. It is not part of
-the log: produced without waiting (acks=0, no idempotence, 5 ms linger), and a
-delta that is lost is a gap in what a watcher sees, never in the run. A follower
+the log: produced without waiting (acks=1 so a partition whose leader is still
+settling retries rather than drops, one request in flight so a retry keeps the
+order, no idempotence, 5 ms linger), and a delta that is lost is a gap in what a
+watcher sees, never in the run. A follower
 finds where to start by time (``offsets_for_times``), so one attaching in the
 middle of a call gets what was sent of it so far."""
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -73,6 +76,35 @@ def decode(run_id: str, value: bytes) -> Delta | None:
         return None  # not ours: someone else wrote to the topic
 
 
+def _start(consumer: Consumer, topic: str, partition: int, since: datetime) -> int:
+    wanted = TP(topic, partition, int(since.timestamp() * 1000))
+    start: int = consumer.offsets_for_times([wanted], timeout=10)[0].offset
+    if start < 0:  # nothing since then: from the end as of now, by number
+        # (the "end" resolved later would pass over what lands meanwhile)
+        start = consumer.get_watermark_offsets(TP(topic, partition), timeout=10)[1]
+    return start
+
+
+_SETTLING = {
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+}
+
+
+def _settled(ask: Callable[[], int], seconds: float = 15.0) -> int:
+    """``ask`` again while the partition's leader is settling (a fresh topic, a
+    leader change): the broker answers NOT_LEADER until it is."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return ask()
+        except KafkaException as e:
+            if e.args[0].code() not in _SETTLING or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
 @final
 class KafkaDeltas:
     def __init__(self, settings: KafkaSettings) -> None:
@@ -99,10 +131,12 @@ class KafkaDeltas:
                         _client(
                             {
                                 **self.settings.to_librdkafka(),
-                                # Nobody waits for a delta's acknowledgement:
-                                # none is asked for (the broker does less too).
-                                "acks": 0,
+                                # Nobody waits for a delta's acknowledgement,
+                                # but the leader gives one: with acks=0 a broker
+                                # that is not (yet) the leader drops it silently.
+                                "acks": 1,
                                 "enable.idempotence": False,
+                                "max.in.flight.requests.per.connection": 1,
                                 "linger.ms": 5,
                                 "message.timeout.ms": 10_000,
                                 "partitioner": "murmur2_random",
@@ -131,13 +165,7 @@ class KafkaDeltas:
         consumer = Consumer(_client(conf))
         key = run_id.encode()
         try:
-            wanted = TP(self.topic, partition, int(since.timestamp() * 1000))
-            start = consumer.offsets_for_times([wanted], timeout=10)[0].offset
-            if start < 0:  # nothing since then: from the end as of now, by number
-                # (the "end" resolved later would pass over what lands meanwhile)
-                start = consumer.get_watermark_offsets(
-                    TP(self.topic, partition), timeout=10
-                )[1]
+            start = _settled(lambda: _start(consumer, self.topic, partition, since))
             consumer.assign([TP(self.topic, partition, start)])
             while True:
                 # One message as soon as it comes (consume(n) would wait for n or
