@@ -161,6 +161,7 @@ def _postgres_read_side(settings: Settings, db: Any, decode: Any) -> dict[str, A
     from es_agents.adapters.postgres_commands import PostgresCommandBook
     from es_agents.adapters.postgres_keys import PostgresKeyring
     from es_agents.adapters.postgres_projections import PostgresProjections
+    from es_agents.adapters.postgres_schedules import PostgresSchedules
     from es_agents.adapters.postgres_vault import PostgresVault
 
     kafka = settings.kafka
@@ -172,6 +173,7 @@ def _postgres_read_side(settings: Settings, db: Any, decode: Any) -> dict[str, A
         ),
         "ledger": PostgresEffectLedger(db),
         "timers": PostgresTimers(db),
+        "schedules": PostgresSchedules(db, kafka.topic_prefix),
         "book": PostgresCommandBook(db, kafka.topic_prefix),
     }
 
@@ -295,6 +297,7 @@ def _memory(settings: Settings) -> dict[str, Any]:
         MemoryCommandBook,
         MemoryDeltas,
         MemoryEffectLedger,
+        MemorySchedules,
         MemoryTimers,
     )
     from es_agents.adapters.memory_log import MemoryBroker
@@ -307,6 +310,7 @@ def _memory(settings: Settings) -> dict[str, Any]:
             "broker": MemoryBroker(settings.kafka.partitions),
             "ledger": MemoryEffectLedger(),
             "timers": MemoryTimers(),
+            "schedules": MemorySchedules(),
             "book": MemoryCommandBook(),
             "blobs": InMemoryBlobStore(),
             "keyring": MemoryKeyring(),
@@ -359,6 +363,7 @@ def _memory_ports(settings: Settings, restore: Any) -> Ports:
         projections=MemoryProjections(broker.next_epoch),
         ledger=shared["ledger"],
         timers=shared["timers"],
+        schedules=shared["schedules"],
         book=shared["book"],
         keyring=shared["keyring"],
         vault=shared["vault"],

@@ -21,6 +21,7 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel
 
 from es_agents.approvals import SigningKey
+from es_agents.client_schedules import ScheduleClient
 from es_agents.client_types import (
     FINISHED_OR_WAITING,
     CommandResult,
@@ -33,6 +34,7 @@ from es_agents.core.approvals import answered, decision_of, pause_of
 from es_agents.core.commands import (
     Approve,
     Cancel,
+    ChangeSchedule,
     Command,
     ForkRun,
     ProvideInput,
@@ -454,7 +456,9 @@ class Client:
     ) -> CommandResult:
         return self.send(Cancel(run_id=run_id, by=by, reason=reason), wait)
 
-    def send(self, command: Command, wait: float = 10.0) -> CommandResult:
+    def send(  # noqa: PLR0911 - a way per kind of command
+        self, command: Command, wait: float = 10.0
+    ) -> CommandResult:
         """Check a decision against the run as applied, send it, await the verdict."""
         if isinstance(command, StartRun):
             return self.start(
@@ -464,6 +468,8 @@ class Client:
             return self.fork(
                 command.origin_run, command.at_seq, command.run_id, command.by, wait
             )
+        if isinstance(command, ChangeSchedule):
+            return self._deliver(command, command.agent, wait)
         self._check_topics()
         state = self._applied_or_pending(command.run_id)
         if state is None:
@@ -482,9 +488,20 @@ class Client:
         except Refused as e:
             return CommandResult(command, "refused", str(e))
         command = self._sealed_texts(command)  # a reason, a comment: as the input
+        return self._deliver(command, state.agent, wait)
+
+    def _deliver(self, command: Command, agent: str, wait: float) -> CommandResult:
+        """Send a command that was checked, and await its verdict."""
+        self._check_topics()
         self._book.sent(command)
         position = self._log.send(command)
-        return self._await(command, state.agent, position, wait)
+        return self._await(command, agent, position, wait)
+
+    @property
+    def schedules(self) -> ScheduleClient:
+        """Runs started on a cron expression or an interval: ``set``, ``pause``,
+        ``resume``, ``delete``, ``get``, ``list``."""
+        return ScheduleClient(self)
 
     def _applied_or_pending(self, run_id: str) -> RunState | None:
         verdicts = self._book.for_run(run_id)  # before the log: see status()

@@ -19,6 +19,7 @@ from es_agents.core.chain import Sealed
 from es_agents.core.commands import Command, ForkRun, StartRun
 from es_agents.core.epochs import StartFloors
 from es_agents.core.events import Event
+from es_agents.core.schedules import Schedule
 from es_agents.core.state import RunState
 from es_agents.observability import NoTelemetry, NoTracer, Telemetry, Tracer
 from es_agents.vault import MemoryVault, Vault
@@ -276,6 +277,49 @@ class Timers(Protocol):
         ...
 
     def get(self, timer_id: str) -> tuple[datetime, datetime | None] | None: ...
+
+
+@dataclass(frozen=True)
+class ScheduleRow:
+    """A schedule as kept: the definition, its first unfired tick, the MAC of the
+    worker that set it (``core.schedules.signed_bytes``), and what it started."""
+
+    schedule: Schedule
+    next_due: datetime
+    mac: str | None
+    last_tick: datetime | None = None
+    last_run_id: str | None = None
+    updated_at: datetime | None = None
+
+
+Moved = tuple[datetime, datetime | None]  # a schedule's next_due, last tick fired
+
+
+class Schedules(Protocol):
+    """Schedules of a topic prefix, due by the store's clock."""
+
+    def put(self, row: ScheduleRow) -> None:
+        """Create or replace the schedule ``row.schedule.name``."""
+        ...
+
+    def delete(self, name: str) -> bool: ...
+
+    def get(self, name: str) -> ScheduleRow | None: ...
+
+    def list(self, agent: str | None = None) -> list[ScheduleRow]: ...
+
+    def fire_due(
+        self,
+        agent: str,
+        fire: Callable[[Sequence[ScheduleRow], datetime], Mapping[str, Moved]],
+        limit: int = 100,
+    ) -> int:
+        """Call ``fire`` with up to ``limit`` unpaused schedules of ``agent`` that
+        are due, and the store's time; ``fire`` makes their starts durable and
+        returns, by name, each one's new ``next_due`` and the last tick it fired
+        (None: none), stored in the same transaction (a crash in between fires the
+        same ticks again: the same run ids). The number of schedules taken."""
+        ...
 
 
 VerdictStatus = Literal["sent", "applied", "refused"]
@@ -543,6 +587,8 @@ class Ports:
     closers: list[Callable[[], None]] = field(default_factory=list)
     # Model answers streamed while the call is in flight (None: this store has none).
     deltas: Deltas | None = None
+    # Runs started on a cron expression or an interval (None: this store has none).
+    schedules: Schedules | None = None
     # The writer keys (``core.authorship``), read after the migrations ran.
     writer_keys: Callable[[], Authenticator | None] = lambda: None
 

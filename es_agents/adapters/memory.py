@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import final
 
 from es_agents.core.commands import Command, ForkRun, StartRun
 from es_agents.core.events import Event
+from es_agents.core.schedules import run_id_for
 from es_agents.errors import ConfigError, PayloadUnavailable
 from es_agents.ports import (
     Decided,
@@ -19,7 +20,9 @@ from es_agents.ports import (
     Due,
     EffectRecord,
     EffectStatus,
+    Moved,
     Projected,
+    ScheduleRow,
     ServedAgent,
     ServingWorker,
     Verdict,
@@ -116,6 +119,65 @@ class MemoryTimers:
         with self._lock:
             row = self._rows.get(timer_id)
         return None if row is None else (row[1], row[2])
+
+
+@final
+class MemorySchedules:
+    """Schedules due by ``clock``; one lock stands for Postgres's row locks."""
+
+    def __init__(self, clock: Callable[[], datetime] | None = None) -> None:
+        self._rows: dict[str, ScheduleRow] = {}
+        self._lock = threading.RLock()
+        self.clock: Callable[[], datetime] = clock or (lambda: datetime.now(UTC))
+
+    def put(self, row: ScheduleRow) -> None:
+        with self._lock:
+            self._rows[row.schedule.name] = row
+
+    def delete(self, name: str) -> bool:
+        with self._lock:
+            return self._rows.pop(name, None) is not None
+
+    def get(self, name: str) -> ScheduleRow | None:
+        with self._lock:
+            return self._rows.get(name)
+
+    def list(self, agent: str | None = None) -> list[ScheduleRow]:
+        with self._lock:
+            rows = sorted(self._rows.values(), key=lambda r: r.schedule.name)
+        return [r for r in rows if agent is None or r.schedule.agent == agent]
+
+    def fire_due(
+        self,
+        agent: str,
+        fire: Callable[[Sequence[ScheduleRow], datetime], Mapping[str, Moved]],
+        limit: int = 100,
+    ) -> int:
+        now = self.clock()
+        with self._lock:  # held while firing, as the rows' locks are
+            due = sorted(
+                (
+                    r
+                    for r in self._rows.values()
+                    if r.schedule.agent == agent
+                    and not r.schedule.paused
+                    and r.next_due <= now
+                ),
+                key=lambda r: r.next_due,
+            )[:limit]
+            if not due:
+                return 0
+            for name, (next_due, tick) in fire(due, now).items():
+                row = self._rows.get(name)
+                if row is None:
+                    continue
+                self._rows[name] = replace(
+                    row,
+                    next_due=next_due,
+                    last_tick=tick or row.last_tick,
+                    last_run_id=run_id_for(name, tick) if tick else row.last_run_id,
+                )
+        return len(due)
 
 
 @final

@@ -11,7 +11,7 @@ import sys
 
 import click
 
-from es_agents.cli import commands, dev, inspect, keys, lab, serve, show, ui
+from es_agents.cli import commands, dev, inspect, keys, lab, schedule, serve, show, ui
 from es_agents.cli.base import (
     EXIT_NOT_FOUND,
     EXIT_REFUSED,
@@ -38,6 +38,7 @@ __all__ = [
     "keys",
     "lab",
     "main",
+    "schedule",
     "serve",
     "show",
     "ui",

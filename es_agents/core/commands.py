@@ -7,7 +7,7 @@ partition number. ``command_id`` makes a resent command a no-op.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -124,6 +124,23 @@ class FireTimer(Command):
     due_at: datetime
 
 
+class ChangeSchedule(Command):
+    """Set, pause, resume or delete the schedule ``name`` of ``agent``
+    (``core.schedules``). Its ``run_id`` is the schedule's key, ``schedule:<name>``,
+    so one worker of the agent applies a schedule's changes, in order."""
+
+    wire_name: ClassVar[str] = "change_schedule"
+
+    by: str
+    agent: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    action: Literal["set", "pause", "resume", "delete"]
+    input_json: str = "{}"
+    cron: str | None = None
+    every_seconds: int | None = None
+    missed: Literal["skip", "one", "all"] = "skip"
+
+
 COMMAND_TYPES: dict[str, type[Command]] = {
     cls.wire_name: cls
     for cls in (
@@ -136,5 +153,6 @@ COMMAND_TYPES: dict[str, type[Command]] = {
         Cancel,
         FireTimer,
         ChildEnded,
+        ChangeSchedule,
     )
 }

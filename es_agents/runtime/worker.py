@@ -30,7 +30,13 @@ from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from es_agents.agent import Agent
-from es_agents.core.commands import Command, FireTimer, ForkRun, StartRun
+from es_agents.core.commands import (
+    ChangeSchedule,
+    Command,
+    FireTimer,
+    ForkRun,
+    StartRun,
+)
 from es_agents.errors import (
     AppendError,
     FencedError,
@@ -45,6 +51,7 @@ from es_agents.runtime.offsets import OffsetTracker
 from es_agents.runtime.others import OtherRuns, remember
 from es_agents.runtime.ownership import Ownership, runs_to_resume
 from es_agents.runtime.run_loop import RunLoop
+from es_agents.runtime.schedules import ScheduleKeeper
 from es_agents.runtime.timers import BATCH, fire_timers
 from es_agents.runtime.warm_runs import WarmRuns
 from es_agents.settings import Settings
@@ -52,6 +59,7 @@ from es_agents.settings import Settings
 log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 5.0
+SCHEDULE_SECONDS = 0.5  # how often due schedules are looked for
 STOP_SECONDS = 60.0  # at close, how long runs may take to reach a step's end
 
 
@@ -90,6 +98,9 @@ class Worker:
         self._worker_id = uuid.uuid4().hex
         self._lock = ctx.lock
         self.warm = WarmRuns(settings.warm_runs, ownership.current_epoch)
+        self.schedules = ScheduleKeeper(
+            ports, agent.name, settings.kafka.topic_prefix, ctx.encrypt
+        )
         # Milliseconds per acknowledged append (one per step), for benchmarks.
         self.append_ms = ctx.append_ms
         # The runtime: an event loop on a thread of its own, every run a task.
@@ -121,6 +132,7 @@ class Worker:
     def run(self) -> None:
         last_message = time.monotonic()
         last_timers = 0.0
+        last_schedules = 0.0
         last_heartbeat = 0.0
         try:
             while not self._stop.is_set():
@@ -145,6 +157,10 @@ class Worker:
                         last_message = now
                     if fired < BATCH:
                         last_timers = now  # else more are due: again at once
+                if now - last_schedules > SCHEDULE_SECONDS:
+                    if self._fire_schedules():
+                        last_message = now  # their starts are to be read, as above
+                    last_schedules = now
                 self._commit()
                 if self._fatal is not None:
                     raise self._fatal
@@ -236,6 +252,25 @@ class Worker:
         except AppendError as e:  # the log is out of reach: crash-only (exit 4)
             raise Unavailable(f"cannot fire timers: {e}") from e
 
+    def _fire_schedules(self) -> int:
+        try:
+            return self.schedules.fire()
+        except AppendError as e:  # the log is out of reach: crash-only (exit 4)
+            raise Unavailable(f"cannot fire schedules: {e}") from e
+
+    def _change_schedule(
+        self, command: ChangeSchedule, partition: int, offset: int
+    ) -> None:
+        if command.agent != self.agent.name:
+            self.skip(partition, offset)  # that agent's own workers apply it
+            return
+        why = self.schedules.change(command)
+        if why is not None:
+            self.refuse_now(command, partition, offset, why)
+            return
+        self.ports.book.decided([Decided(command, "applied")])
+        self.skip(partition, offset)
+
     # -- partitions ------------------------------------------------------------------
     def _on_assign(self, partitions: list[int]) -> Mapping[int, int] | None:
         log.info("assigned partitions %s", partitions)
@@ -292,6 +327,9 @@ class Worker:
             return actor
 
     def _route(self, command: Command, partition: int, offset: int) -> None:
+        if isinstance(command, ChangeSchedule):
+            self._change_schedule(command, partition, offset)
+            return
         if isinstance(command, StartRun | ForkRun) and command.agent != self.agent.name:
             self.others.remember(command.run_id, command.agent)
             self.skip(partition, offset)  # that agent's own workers start it
