@@ -7,7 +7,7 @@ partition number. ``command_id`` makes a resent command a no-op.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -132,13 +132,13 @@ class ChangeSchedule(Command):
     wire_name: ClassVar[str] = "change_schedule"
 
     by: str
-    agent: str = Field(min_length=1)
-    name: str = Field(min_length=1)
-    action: Literal["set", "pause", "resume", "delete"]
+    agent: str
+    name: str
+    action: str  # set | pause | resume | delete (another is refused)
     input_json: str = "{}"
     cron: str | None = None
     every_seconds: int | None = None
-    missed: Literal["skip", "one", "all"] = "skip"
+    missed: str = "skip"  # skip | one | all (core.schedules.MISSED)
 
 
 COMMAND_TYPES: dict[str, type[Command]] = {

@@ -14,8 +14,9 @@ class CrashPoints:
     """``ES_AGENTS_CRASH_AT=point[@n],...``: SIGKILL this process the n-th time (default
     first) it passes ``point``. Points: ``before_append:<event>``,
     ``after_append:<event>``, ``after_action:model``, ``after_action:tool``,
-    ``after_send:schedule`` (a schedule's starts sent, its next tick not moved on). Used by the
-    crash tests and the demo to stop a worker at an exact protocol boundary."""
+    ``after_send:schedule`` (a schedule's starts sent, its next tick not moved on).
+    Used by the crash tests and the demo to stop a worker at an exact protocol
+    boundary."""
 
     def __init__(self, spec: str | None) -> None:
         self._targets: dict[str, int] = {}

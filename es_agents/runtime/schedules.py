@@ -36,6 +36,8 @@ from es_agents.ports import EventLog, Moved, Ports, ScheduleRow, Schedules
 
 log = logging.getLogger(__name__)
 
+ACTIONS = ("set", "pause", "resume", "delete")
+
 
 def sign(auth: Authenticator | None, prefix: str, s: Schedule) -> str | None:
     return None if auth is None else mac_of(auth.header(signed_bytes(prefix, s)))
@@ -55,7 +57,7 @@ def schedule_of(command: ChangeSchedule, now: datetime) -> Schedule:
         name=command.name,
         agent=command.agent,
         input_json=command.input_json,
-        missed=command.missed,
+        missed=command.missed,  # type: ignore[arg-type] # checked by Schedule
         created_at=now.astimezone(UTC).replace(microsecond=0),
         cron=command.cron,
         every_seconds=command.every_seconds,
@@ -72,6 +74,8 @@ def apply_change(  # noqa: PLR0911 - a verdict per case
     """Apply ``command``: None, or why it is refused (nothing changed then)."""
     if auth is None:
         return "this worker holds no writer key: it cannot sign a schedule"
+    if command.action not in ACTIONS:
+        return f"action {command.action!r}: one of {', '.join(ACTIONS)}"
     found = schedules.get(command.name)
     if found is not None and found.schedule.agent != command.agent:
         return (
