@@ -1,7 +1,8 @@
 """Schedules on the real broker and database: each tick starts exactly one run --
 with two workers firing, one of them killed between sending a tick's start and
 moving the schedule on, another SIGKILLed mid-way -- and a schedule row written in
-Postgres by anyone but a worker starts nothing."""
+Postgres by anyone but a worker starts nothing; and across a broker outage
+(serial: it kills the shared broker)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -19,6 +21,7 @@ import pytest
 from es_agents.client import Client
 from es_agents.client_schedules import ScheduleView
 from es_agents.core.schedules import run_id_for
+from es_agents.dev import DevStack
 from es_agents.errors import NotFound
 from es_agents.lab.demo import _env, cli
 from es_agents.settings import Settings
@@ -175,3 +178,70 @@ def test_a_schedule_row_not_written_by_a_worker_starts_nothing(
         gone = cli(env, "schedule", "delete", "control")
         assert gone.returncode == 0, gone.stderr
         assert "control" not in {v.name for v in client.schedules.list()}
+
+
+@pytest.mark.serial  # kills the dev stack's broker under every other test
+def test_ticks_due_during_a_broker_outage_start_once_each_after_it(
+    dev_stack: DevStack, env: dict[str, str], database_url: str, tmp_path: Path
+) -> None:
+    """The broker SIGKILLed for the time of several ticks under a supervised
+    worker: with the policy ``all``, every tick of the outage starts its run once
+    the broker is back, and no tick starts two."""
+    settings = Settings(kafka=_kafka(env), database_url=database_url)
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "es_agents.cli",
+            "serve",
+            "--agent",
+            "tests.agents:quick",
+            "--no-projector",
+        ],
+        cwd=ROOT,
+        env=_env(**env),
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "serve.log").open("w"),
+    )
+    try:
+        with Client(settings) as client:
+            until(lambda: client.agents() != [], 60, "a worker serving quick")
+            set_ = client.schedules.set(
+                "outage", "quick", every=1, missed="all", wait=30
+            )
+            assert set_.status == "applied", set_.reason
+            fired_after(client, "outage", 2)
+            dev_stack.kafka.kill()  # no controlled shutdown
+            down_at = client.schedules.get("outage").last_tick
+            until(lambda: dev_stack.kafka.proc.pid() is None, 30, "the broker gone")
+            dev_stack.kafka.start()  # waits until it answers
+            up_at = datetime.now(UTC)
+            fired_after(client, "outage", 4)  # past the outage, fired by the worker
+            paused = client.schedules.pause("outage", wait=120)
+            assert paused.status == "applied", paused.reason
+            view = client.schedules.get("outage")
+            ticks = ticks_of(view)
+            assert down_at is not None
+            assert view.last_tick is not None
+            assert view.last_tick - down_at >= timedelta(seconds=4)
+            during = [t for t in ticks if down_at < t < up_at - timedelta(seconds=1)]
+            assert len(during) >= 2, (down_at, up_at)  # ticks due while it was down
+            for tick in ticks:
+                run_id = run_id_for("outage", tick)
+                until(
+                    lambda r=run_id: _completed(client, r),  # type: ignore[misc]
+                    120,
+                    f"run {run_id} completed",
+                )
+                started = [
+                    e for e in client.events(run_id) if e.wire_name == "run_started"
+                ]
+                assert len(started) == 1, run_id
+    except AssertionError as e:
+        lines = (tmp_path / "serve.log").read_text().splitlines()
+        said = "\n".join(line for line in lines if "rdkafka" not in line)
+        raise AssertionError(f"{e}\n-- serve said:\n{said[-4000:]}") from e
+    finally:
+        serve.terminate()
+        serve.wait(90)
+        dev_stack.kafka.start()  # (up again whatever happened above)
