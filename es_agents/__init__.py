@@ -27,6 +27,8 @@ _LAZY = {
     "Client": "es_agents.client",
     "CommandResult": "es_agents.client",
     "RunView": "es_agents.client",
+    "RunRow": "es_agents.client",
+    "PendingCall": "es_agents.client",
     "Reply": "es_agents.client",
     "EsAgentsError": "es_agents.errors",
     "NotFound": "es_agents.errors",
@@ -49,7 +51,9 @@ __all__ = [
     "Forbidden",
     "KafkaSettings",
     "NotFound",
+    "PendingCall",
     "Reply",
+    "RunRow",
     "RunState",
     "RunView",
     "SchemaCatalog",
@@ -65,7 +69,14 @@ __all__ = [
 if TYPE_CHECKING:
     from es_agents.approvals import SigningKey
     from es_agents.async_client import AsyncClient
-    from es_agents.client import Client, CommandResult, Reply, RunView
+    from es_agents.client import (
+        Client,
+        CommandResult,
+        PendingCall,
+        Reply,
+        RunRow,
+        RunView,
+    )
     from es_agents.codec import AvroCodec, SchemaCatalog
     from es_agents.core import Command, Event, RunState, fold, replay
     from es_agents.core.approvals import ApprovalPolicy

@@ -19,6 +19,7 @@ from es_agents.client import (
     Client,
     CommandResult,
     Reply,
+    RunRow,
     RunView,
     Waiting,
 )
@@ -139,7 +140,7 @@ class AsyncClient:
         *,
         agent: str | None = None,
         since: datetime | None = None,
-    ) -> list[dict[str, object]]:
+    ) -> list[RunRow]:
         return await asyncio.to_thread(
             lambda: self.sync.runs(status, limit, agent=agent, since=since)
         )

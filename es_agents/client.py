@@ -11,6 +11,7 @@ and the log beyond the projector's offset; nothing scans a topic from its start.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 import uuid
@@ -25,7 +26,9 @@ from es_agents.client_schedules import ScheduleClient
 from es_agents.client_types import (
     FINISHED_OR_WAITING,
     CommandResult,
+    PendingCall,
     Reply,
+    RunRow,
     RunView,
     Waiting,
     as_json,
@@ -71,7 +74,9 @@ __all__ = [
     "FINISHED_OR_WAITING",
     "Client",
     "CommandResult",
+    "PendingCall",
     "Reply",
+    "RunRow",
     "RunView",
     "Waiting",
     "as_json",
@@ -241,19 +246,19 @@ class Client:
     ) -> CommandResult:
         """A new run whose log begins with ``origin_run``'s events up to ``at_seq``
         (its completions kept, its effects neither reused nor repeated); the
-        origin's workers make it. Refused at once for an unknown origin, a seq the
-        origin has not reached, or a taken run id."""
+        origin's workers make it. ``NotFound`` for an unknown origin; refused at
+        once for a seq the origin has not reached, or a taken run id."""
         self._check_topics()
         origin = self._loader.load(origin_run, restore=False).state
+        if origin is None:
+            raise NotFound(f"unknown run {origin_run}")
         command = ForkRun(
             run_id=run_id or str(uuid.uuid4()),
-            agent=origin.agent if origin is not None else "",
+            agent=origin.agent,
             origin_run=origin_run,
             at_seq=at_seq,
             by=by,
         )
-        if origin is None:
-            return CommandResult(command, "refused", f"unknown run {origin_run}")
         if at_seq > origin.seq:
             return CommandResult(
                 command,
@@ -618,16 +623,19 @@ class Client:
         *,
         agent: str | None = None,
         since: datetime | None = None,
-    ) -> list[dict[str, object]]:
+    ) -> list[RunRow]:
         """Runs from the ``runs`` table (as of the projector), latest first: of one
         status, of one agent, updated at or after ``since`` (each when given)."""
         rows = self._ports.projections.runs(status, limit, agent=agent, since=since)
+        out = []
         for row in rows:  # a thread's last message, readable with the run's key
             if row.get("last_message"):
                 row["last_message"] = self.reveal(
                     str(row["run_id"]), row["last_message"]
                 )
-        return rows
+            known = {k: v for k, v in row.items() if k in _ROW_FIELDS}
+            out.append(RunRow(**known))  # type: ignore[arg-type]
+        return out
 
     def wait(
         self,
@@ -683,6 +691,9 @@ class Client:
 
     def _dead_letters(self, run_id: str) -> list[tuple[str, int, int, str]]:
         return self._ports.projections.dead_letters(run_id)
+
+
+_ROW_FIELDS = frozenset(f.name for f in dataclasses.fields(RunRow))
 
 
 def _pending_start(run_id: str, verdicts: list[Verdict]) -> StartRun | None:

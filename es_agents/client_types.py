@@ -1,5 +1,6 @@
 """What the client hands back: a command's fate (``CommandResult``), a run as a
-client sees it (``RunView``), a thread's answer (``Reply``), and how inputs become
+client sees it (``RunView``, with the call it waits at, ``PendingCall``), a row of
+the runs table (``RunRow``), a thread's answer (``Reply``), and how inputs become
 JSON (``as_json``)."""
 
 from __future__ import annotations
@@ -7,13 +8,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from datetime import datetime
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, JsonValue, SerializeAsAny, SkipValidation
 from pydantic.dataclasses import dataclass as pydantic_dataclass
 
 from es_agents.core.commands import Command
-from es_agents.core.state import RunState
+from es_agents.core.state import PendingToolCall, RunState
 from es_agents.errors import InvalidInput
 from es_agents.ports import Position, Verdict
 
@@ -84,6 +86,40 @@ class RunView:
     loaded_from: dict[str, int | None] = field(default_factory=dict)
     payload_problem: str | None = None  # a claim-checked payload that did not load
 
+    @property
+    def pending(self) -> PendingCall | None:
+        """The tool call the run waits at, typed: at a gate, the call a decision
+        is asked about; or a call in flight (its outcome not yet durable). None
+        when it waits on no call. Arguments that do not read as a JSON object
+        (encrypted, for a client without the key) come as ``{}``."""
+        state = self.state
+        if state is None:
+            return None
+        waiting = state.waiting
+        if waiting is not None and waiting.reason == "awaiting_approval":
+            try:
+                detail = json.loads(waiting.detail_json or "{}")
+            except ValueError:
+                detail = None
+            if isinstance(detail, dict) and "tool" in detail:
+                return PendingCall(
+                    tool=str(detail["tool"]),
+                    args=_object(detail.get("args_json")),
+                    gate=waiting.gate,
+                    call_id=str(detail.get("call_id", "")),
+                    key=None,  # the call is requested once it is approved
+                )
+        call = state.pending
+        if not isinstance(call, PendingToolCall):
+            return None
+        return PendingCall(
+            tool=call.tool,
+            args=_object(call.args_json),
+            gate=None,
+            call_id=call.call_id,
+            key=call.idempotency_key,
+        )
+
     def output_as(self, model: type[M]) -> M:
         """The run's output as ``model`` (a typed agent's output model); raises
         ``ValueError`` when the run has no output (yet) or it does not fit."""
@@ -91,6 +127,37 @@ class RunView:
         if output is None:
             raise ValueError(f"run {self.run_id} has no output (it is {self.status})")
         return model.model_validate_json(output)
+
+
+@pydantic_dataclass(frozen=True)
+class RunRow:
+    """A run as the projector last wrote it in the ``runs`` table (``Client.runs``):
+    cheap to list, behind the log by the projector's lag."""
+
+    run_id: str
+    agent: str
+    status: str
+    step: int
+    events: int
+    updated_at: datetime
+    waiting_reason: str | None = None
+    waiting_gate: str | None = None
+    model_id: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    last_message: str | None = None  # a thread's, readable with the run's key
+
+
+@dataclass(frozen=True)
+class PendingCall:
+    """The tool call a run waits at (``RunView.pending``): what an approval
+    approves, with its arguments as a dict."""
+
+    tool: str
+    args: dict[str, Any]
+    gate: str | None  # the gate asking for a decision (None: a call in flight)
+    call_id: str
+    key: str | None  # its idempotency key, once requested (None at a gate)
 
 
 @dataclass(frozen=True)
@@ -104,6 +171,14 @@ class Reply:
     text: JsonValue
     status: str
     waiting: str | None = None
+
+
+def _object(text: object) -> dict[str, Any]:
+    try:
+        value = json.loads(text) if isinstance(text, str) else None
+    except ValueError:
+        value = None
+    return value if isinstance(value, dict) else {}
 
 
 def as_json(value: object, what: str) -> str:

@@ -162,3 +162,30 @@ def cli() -> None:
 
     Exit codes: 0 ok, 1 refused or mismatch, 2 usage, 3 not found, 4 unavailable.
     """
+
+
+def complete_run_id(
+    ctx: click.Context, param: click.Parameter, incomplete: str
+) -> list[click.shell_completion.CompletionItem]:
+    """Shell completion of a run id: the latest runs of the ``runs`` table whose id
+    starts with what was typed. Quiet and quick: nothing when Postgres does not
+    answer within a second."""
+    from es_agents.app import build_ports  # noqa: PLC0415
+    from es_agents.settings import load_settings  # noqa: PLC0415
+
+    try:
+        settings = load_settings().model_copy(update={"connect_timeout": 1.0})
+        ports = build_ports(settings, pool_size=1, migrate=False, db_timeout=1.0)
+    except Exception:
+        return []
+    try:
+        rows = ports.projections.runs(None, 500)
+    except Exception:
+        return []
+    finally:
+        ports.close()
+    return [
+        click.shell_completion.CompletionItem(str(r["run_id"]), help=str(r["status"]))
+        for r in rows
+        if str(r["run_id"]).startswith(incomplete)
+    ]

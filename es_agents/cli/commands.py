@@ -15,6 +15,7 @@ from es_agents.cli.base import (
     EXIT_UNAVAILABLE,
     F,
     cli,
+    complete_run_id,
     emit,
     machine,
     output_option,
@@ -109,7 +110,7 @@ def start_run(  # noqa: PLR0917 - click passes options positionally
 
 
 @cli.command()
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete_run_id)
 @click.option(
     "--at",
     "at_seq",
@@ -216,7 +217,7 @@ def _signed_decision(  # noqa: PLR0917 - a decision's parts
 
 
 @cli.command()
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete_run_id)
 @click.option("--by", required=True, help="Who approves.")
 @click.option("--gate", default=None, help="Approve a named gate ahead of time.")
 @click.option("--comment", default=None)
@@ -259,7 +260,7 @@ def approve(  # noqa: PLR0917 - click passes options positionally
 
 
 @cli.command()
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete_run_id)
 @click.option("--by", required=True, help="Who rejects.")
 @click.option("--gate", default=None, help="Reject a named gate ahead of time.")
 @click.option("--reason", default=None)
@@ -283,7 +284,7 @@ def reject(  # noqa: PLR0917 - click passes options positionally
 
 
 @cli.command("provide-input")
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete_run_id)
 @click.option("--by", required=True)
 @click.option(
     "--input",
@@ -310,7 +311,7 @@ def provide_input(
 
 
 @cli.command()
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete_run_id)
 @click.argument("text", required=False)
 @click.option("--by", default=None, help="Who sends it.  [default: $USER]")
 @click.option("--end", is_flag=True, help="End the thread with its last reply.")
@@ -380,7 +381,7 @@ def say(  # noqa: PLR0917 - click passes options positionally
 
 
 @cli.command()
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete_run_id)
 @click.option("--by", required=True)
 @click.option("--reason", default=None)
 @wait_options
@@ -400,7 +401,7 @@ def cancel(
 
 
 @cli.command()
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete_run_id)
 @output_option
 def forget(run_id: str) -> None:
     """Destroy a finished run's data key (its agent encrypts its payloads): its

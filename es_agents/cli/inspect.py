@@ -3,6 +3,7 @@ never change the database (no migrations)."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Mapping
 from datetime import datetime
@@ -14,6 +15,7 @@ from es_agents.cli.base import (
     EXIT_REFUSED,
     OUTPUT,
     cli,
+    complete_run_id,
     emit,
     emit_many,
     machine,
@@ -77,7 +79,7 @@ def _print_check(check: Any, summary: Mapping[str, object]) -> None:
 
 
 @cli.command()
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete_run_id)
 @output_option
 @click.option(
     "--record",
@@ -357,7 +359,7 @@ def _awaiting(state: RunState) -> dict[str, object] | None:
 
 
 @cli.command()
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete_run_id)
 @output_option
 def status(run_id: str) -> None:
     """A run's status, step, what it waits for (at a gate: the pending call's tool
@@ -376,7 +378,7 @@ STATUSES = ("running", "paused", "blocked", "completed", "failed", "cancelled")
 
 
 @cli.command("wait")
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete_run_id)
 @click.option(
     "--for",
     "wanted",
@@ -466,12 +468,13 @@ def runs(
     from datetime import UTC  # noqa: PLC0415
 
     with client() as c:
-        rows = c.runs(
+        found = c.runs(
             status_filter,
             limit,
             agent=agent,
             since=since.replace(tzinfo=UTC) if since else None,
         )
+    rows: list[dict[str, Any]] = [dataclasses.asdict(r) for r in found]
     if machine():
         emit_many(rows)
         return

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from es_agents.cli.base import cli, emit, machine, output_option
+from es_agents.cli.base import cli, complete_run_id, emit, machine, output_option
 from es_agents.errors import DecodeError, NotFound
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ def _print(rows: list[tuple[str, ...]], header: bool) -> None:
 
 
 @cli.command()
-@click.argument("run_id")
+@click.argument("run_id", shell_complete=complete_run_id)
 @click.option("--follow", "-f", is_flag=True, help="Keep showing new events.")
 @click.option(
     "--every", type=float, default=0.5, show_default=True, help="Seconds between looks."

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import sys
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -19,9 +21,9 @@ from es_agents.async_client import AsyncClient
 from es_agents.client import Client
 from es_agents.core.events import RunStarted
 from es_agents.errors import NotFound
-from es_agents.lab.demo import cli
+from es_agents.lab.demo import _env, cli
 from es_agents.settings import KafkaSettings, Settings
-from tests.integration.test_commands import until, worker
+from tests.integration.test_commands import _kafka, until, worker
 from tests.test_support import free_port
 
 pytestmark = pytest.mark.integration
@@ -75,6 +77,7 @@ def test_every_command_speaks_json(env: dict[str, str]) -> None:
         assert isinstance(awaiting["args"], dict)
         assert awaiting["args"]["title"]
         assert _utc(shown["started_at"]) <= datetime.now(UTC)
+        _the_client_types_it(env, run, awaiting)
         assert _obj(cli(env, "approve", run, "--by", "ann", "-o", "json"))[
             "status"
         ] == ("applied")
@@ -106,6 +109,7 @@ def test_every_command_speaks_json(env: dict[str, str]) -> None:
     lines = cli(env, "replay", run, "-o", "jsonl").stdout.splitlines()
     assert [json.loads(line) for line in lines[:-1]] == events
     assert cli(env, "projector", "--until-caught-up").returncode == 0
+    _completes(env, run)
     listed = _json(cli(env, "runs", "-o", "json", "--agent", "research"))
     assert isinstance(listed, list)
     assert run in {r["run_id"] for r in listed}
@@ -123,13 +127,54 @@ def test_every_command_speaks_json(env: dict[str, str]) -> None:
     assert _json(cli(env, "dlq", "list", "-o", "json", "--run", run)) == []
 
 
+def _completes(env: dict[str, str], run: str) -> None:
+    """The shell completes a run id from its first characters (bash, click's)."""
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "es-agents")],
+        env={
+            **_env(**env),
+            "_ES_AGENTS_COMPLETE": "bash_complete",
+            "COMP_WORDS": f"es-agents status {run[:8]}",
+            "COMP_CWORD": "2",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"plain,{run}" in done.stdout.splitlines(), done.stdout[-2000:]
+
+
+def _the_client_types_it(env: dict[str, str], run: str, awaiting: object) -> None:
+    """The call a run waits at, typed, as ``status -o json`` showed it."""
+    assert isinstance(awaiting, dict)
+    settings = Settings(kafka=_kafka(env), database_url=env["ES_AGENTS_DATABASE_URL"])
+    with Client(settings) as c:
+        pending = c.status(run).pending
+    assert pending is not None
+    assert pending.tool == "create_ticket"
+    assert pending.args == awaiting["args"]
+    assert pending.gate == "create_ticket"
+    assert pending.key is None  # requested once approved
+    assert pending.call_id
+
+
 def test_exit_codes_say_what_happened(env: dict[str, str]) -> None:
     missing = cli(env, "status", "no-such-run")
     assert missing.returncode == 3
     assert missing.stderr.strip() == "not found: unknown run no-such-run"
-    for args in (
+    for args in (  # every command that takes a run
         ("status", "no-such-run"),
+        ("show", "no-such-run"),
+        ("wait", "no-such-run", "--timeout", "1"),
         ("approve", "no-such-run", "--by", "ann"),
+        ("reject", "no-such-run", "--by", "ann"),
+        ("provide-input", "no-such-run", "--by", "ann", "--input", "{}"),
+        ("cancel", "no-such-run", "--by", "ann"),
+        ("say", "no-such-run", "hello"),
+        ("fork", "no-such-run", "--at", "0"),
+        ("forget", "no-such-run"),
         ("replay", "no-such-run"),
     ):
         error = _obj(cli(env, *args, "-o", "json"), code=3)
@@ -188,10 +233,11 @@ def test_the_client_waits_lists_and_reads_events(
         assert isinstance(events[0], RunStarted)
         assert cli(env, "projector", "--until-caught-up").returncode == 0
         quick = client.runs(agent="quick", limit=1000)
-        assert run in [r["run_id"] for r in quick]
-        assert {r["agent"] for r in quick} == {"quick"}
+        assert run in [r.run_id for r in quick]
+        assert {r.agent for r in quick} == {"quick"}
+        assert all(r.updated_at.tzinfo is not None and r.events > 0 for r in quick)
         failed = client.runs(status="failed", agent="quick", limit=1000)
-        assert run not in [r["run_id"] for r in failed]
+        assert run not in [r.run_id for r in failed]
         since = datetime.now(UTC) + timedelta(hours=1)
         assert client.runs(agent="quick", since=since) == []
 

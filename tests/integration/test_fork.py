@@ -130,8 +130,8 @@ def test_forks_that_cannot_be_made_are_refused_with_the_reason(
     origin_after = _read(env, origin)
 
     code, result = _fork(env, "no-such-run", "--at", "0")
-    assert (code, result["status"]) == (1, "refused"), result
-    assert "unknown run" in str(result["reason"])
+    assert (code, result["kind"]) == (3, "not_found"), result  # no such origin
+    assert "unknown run no-such-run" in str(result["error"])
     last = origin_after[-1].event.seq
     code, result = _fork(env, origin, "--at", str(last + 5))
     assert code == 1
