@@ -189,3 +189,33 @@ def complete_run_id(
         for r in rows
         if str(r["run_id"]).startswith(incomplete)
     ]
+
+
+class IsoTime(click.ParamType[datetime, object]):
+    """A time as the CLI prints them and as people write them: ISO-8601 with
+    ``Z``, an offset, fractions of a second, ``T`` or a space, or a date alone;
+    without an offset it is UTC. The value is an aware UTC datetime."""
+
+    name = "TIME"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> datetime:
+        if isinstance(value, datetime):
+            parsed = value
+        else:
+            try:
+                parsed = datetime.fromisoformat(str(value).strip())
+            except ValueError:
+                self.fail(
+                    f"{value!r} is not an ISO-8601 time (e.g. 2026-12-05, "
+                    "2026-12-05T18:00:00Z, 2026-12-05 18:00+01:00)",
+                    param,
+                    ctx,
+                )
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        return parsed.astimezone(UTC)
+
+
+ISO_TIME = IsoTime()

@@ -13,6 +13,7 @@ import click
 
 from es_agents.cli.base import (
     EXIT_REFUSED,
+    ISO_TIME,
     OUTPUT,
     cli,
     complete_run_id,
@@ -152,7 +153,7 @@ def replay(run_id: str, record_to: str | None) -> None:
 @cli.command()
 @click.option(
     "--since",
-    type=click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M"]),
+    type=ISO_TIME,
     default=None,
     help="Only runs with events at or after this UTC time (runs fold whole).",
 )
@@ -182,7 +183,6 @@ def audit(
     the fold; dangling intentions and waiting runs; and the cost ledger
     (ES_AGENTS_PRICES). Exit 1 when a check fails."""
     import json  # noqa: PLC0415
-    from datetime import UTC  # noqa: PLC0415
     from pathlib import Path  # noqa: PLC0415
 
     from es_agents.app import build_client_ports  # noqa: PLC0415
@@ -201,7 +201,7 @@ def audit(
             partitions=partitions,
             prices=settings.prices,
             run_prefix=run_prefix,
-            since=since.replace(tzinfo=UTC) if since else None,
+            since=since,
             progress=lambda n, s: click.echo(
                 f"... {n:,} events read ({n / s:,.0f}/s)", err=True
             ),
@@ -455,7 +455,7 @@ def _print_view(run_id: str, view: RunView) -> None:
 @click.option("--agent", default=None, help="Only runs of this agent.")
 @click.option(
     "--since",
-    type=click.DateTime(formats=["%Y-%m-%d", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%dT%H:%M"]),
+    type=ISO_TIME,
     default=None,
     help="Only runs updated at or after this UTC time.",
 )
@@ -465,14 +465,13 @@ def runs(
     status_filter: str | None, agent: str | None, since: datetime | None, limit: int
 ) -> None:
     """Runs from the `runs` table (as of the projector), latest first."""
-    from datetime import UTC  # noqa: PLC0415
 
     with client() as c:
         found = c.runs(
             status_filter,
             limit,
             agent=agent,
-            since=since.replace(tzinfo=UTC) if since else None,
+            since=since,
         )
     rows: list[dict[str, Any]] = [dataclasses.asdict(r) for r in found]
     if machine():

@@ -113,8 +113,7 @@ def test_every_command_speaks_json(env: dict[str, str]) -> None:
     listed = _json(cli(env, "runs", "-o", "json", "--agent", "research"))
     assert isinstance(listed, list)
     assert run in {r["run_id"] for r in listed}
-    for row in listed:
-        _utc(row["updated_at"])
+    _times_read_back(env, listed)
     assert _json(cli(env, "runs", "-o", "json", "--agent", "nobody")) == []
     later = (datetime.now(UTC) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M:%S")
     assert _json(cli(env, "runs", "-o", "json", "--since", later)) == []
@@ -125,6 +124,17 @@ def test_every_command_speaks_json(env: dict[str, str]) -> None:
     assert audit.returncode == 0, audit.stderr[-2000:]
     assert json.loads(audit.stdout)["runs"] == 1
     assert _json(cli(env, "dlq", "list", "-o", "json", "--run", run)) == []
+
+
+def _times_read_back(env: dict[str, str], listed: list[dict[str, object]]) -> None:
+    """Every time the CLI prints is one it reads: a run's ``updated_at`` as
+    ``--since`` finds that run."""
+    for row in listed:
+        printed = row["updated_at"]
+        _utc(printed)
+        again = _json(cli(env, "runs", "-o", "json", "--since", str(printed)))
+        assert isinstance(again, list)
+        assert row["run_id"] in {r["run_id"] for r in again}
 
 
 def _completes(env: dict[str, str], run: str) -> None:
