@@ -12,7 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from es_agents.cli.base import cli, complete_run_id, emit, machine, output_option
+from es_agents.cli.base import (
+    OUTPUT,
+    cli,
+    complete_run_id,
+    emit,
+    emit_many,
+    machine,
+    output_option,
+)
 from es_agents.errors import DecodeError, NotFound
 
 if TYPE_CHECKING:
@@ -88,8 +96,9 @@ def show(run_id: str, follow: bool, every: float) -> None:
     """A run's timeline: each event with its time and the time since the one before
     (step durations), model calls (model, tokens, latency, cost), tool calls (args,
     result, key, reconciled), pauses, decisions and who took them, payload
-    references. --follow keeps it going until the run ends (Ctrl-C stops), with
-    the model's answers as they stream (on stderr; -o json: "delta" lines)."""
+    references. -o json: the timeline as one array; -o jsonl: an event a line.
+    --follow keeps it going until the run ends (Ctrl-C stops), with the model's
+    answers as they stream (on stderr; as JSON: an event or a "delta" a line)."""
     from es_agents.cli.commands import client  # noqa: PLC0415
     from es_agents.replay import timeline  # noqa: PLC0415
 
@@ -105,7 +114,9 @@ def show(run_id: str, follow: bool, every: float) -> None:
                 if not follow or not c.status(run_id).status == "pending":
                     raise
                 entries = []  # followed from its start, once a worker applies it
-            if machine():
+            if machine() and not follow and OUTPUT.format == "json":
+                emit_many(entries)  # one document: the timeline
+            elif machine():  # a stream (--follow) or -o jsonl: an event a line
                 for entry in entries[shown:]:
                     emit(entry)
             elif len(entries) > shown:

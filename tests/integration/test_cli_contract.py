@@ -110,6 +110,7 @@ def test_every_command_speaks_json(env: dict[str, str]) -> None:
     assert [json.loads(line) for line in lines[:-1]] == events
     assert cli(env, "projector", "--until-caught-up").returncode == 0
     _completes(env, run)
+    _one_document(env, run, len(events))
     listed = _json(cli(env, "runs", "-o", "json", "--agent", "research"))
     assert isinstance(listed, list)
     assert run in {r["run_id"] for r in listed}
@@ -135,6 +136,16 @@ def _times_read_back(env: dict[str, str], listed: list[dict[str, object]]) -> No
         again = _json(cli(env, "runs", "-o", "json", "--since", str(printed)))
         assert isinstance(again, list)
         assert row["run_id"] in {r["run_id"] for r in again}
+
+
+def _one_document(env: dict[str, str], run: str, events: int) -> None:
+    """``-o json`` is one JSON document on every command; ``-o jsonl`` a line each
+    (show's timeline: an array, or an event a line)."""
+    timeline = _json(cli(env, "show", run, "-o", "json"))
+    assert isinstance(timeline, list)
+    assert len(timeline) == events
+    lines = cli(env, "show", run, "-o", "jsonl").stdout.splitlines()
+    assert [json.loads(line) for line in lines] == timeline
 
 
 def _completes(env: dict[str, str], run: str) -> None:
