@@ -36,6 +36,8 @@ _LAZY = {
     "KafkaSettings": "es_agents.settings",
     "Settings": "es_agents.settings",
     "load_settings": "es_agents.settings",
+    "serve": "es_agents.hosting",
+    "Serving": "es_agents.hosting",
 }
 
 __all__ = [
@@ -57,6 +59,7 @@ __all__ = [
     "RunState",
     "RunView",
     "SchemaCatalog",
+    "Serving",
     "Settings",
     "SigningKey",
     "Unavailable",
@@ -64,6 +67,7 @@ __all__ = [
     "fold",
     "load_settings",
     "replay",
+    "serve",
 ]
 
 if TYPE_CHECKING:
@@ -82,6 +86,7 @@ if TYPE_CHECKING:
     from es_agents.core.approvals import ApprovalPolicy
     from es_agents.core.budget import Budget
     from es_agents.errors import EsAgentsError, Forbidden, NotFound, Unavailable
+    from es_agents.hosting import Serving, serve
     from es_agents.settings import KafkaSettings, Settings, load_settings
 
 

@@ -83,3 +83,35 @@ def test_serve_stops_on_a_configuration_error(env: dict[str, str]) -> None:
     assert serve.returncode == 2, serve.stderr[-3000:]
     assert "configuration error" in serve.stderr
     assert time.monotonic() - began < 60
+
+
+def test_an_application_serves_its_agent_from_its_own_process(
+    env: dict[str, str], database_url: str
+) -> None:
+    """``es_agents.serve``: the worker and the projector on threads of the
+    application; a run completes and is projected; leaving the block stops both."""
+    from es_agents import Client, serve  # noqa: PLC0415
+    from es_agents.settings import Settings  # noqa: PLC0415
+    from tests.agents import quick  # noqa: PLC0415
+    from tests.integration.test_commands import _kafka  # noqa: PLC0415
+
+    settings = Settings(kafka=_kafka(env), database_url=database_url)
+    with serve(quick, settings) as serving, Client(settings) as client:
+        until(
+            lambda: {s.state for s in serving.states.values()} == {"up"},
+            60,
+            "the worker and the projector up",
+        )
+        run = client.start("quick", wait=30)
+        assert run.status == "applied", run.reason
+        assert client.wait(run.run_id, until=("completed",), timeout=60)
+        until(
+            lambda: any(
+                r.run_id == run.run_id and r.status == "completed"
+                for r in client.runs(agent="quick")
+            ),
+            60,
+            "the run projected",
+        )
+    assert {s.state for s in serving.states.values()} == {"stopped"}
+    assert not serving.running
