@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from datetime import datetime, timedelta
+from typing import Literal
 
 from es_agents.approvals import SigningKey
 from es_agents.client import (
@@ -23,6 +24,7 @@ from es_agents.client import (
     RunView,
     Waiting,
 )
+from es_agents.core.budget import Budget
 from es_agents.core.events import Event
 from es_agents.errors import NotFound
 from es_agents.ports import Delta, Ports
@@ -47,11 +49,18 @@ class AsyncClient:
     async def start(
         self,
         agent: str,
-        input_json: str = "{}",
+        input_json: object = "{}",
         run_id: str | None = None,
         wait: float = 10.0,
+        *,
+        unserved: Literal["queue", "refuse"] = "queue",
+        budget: Budget | Mapping[str, object] | None = None,
     ) -> CommandResult:
-        return await asyncio.to_thread(self.sync.start, agent, input_json, run_id, wait)
+        return await asyncio.to_thread(
+            lambda: self.sync.start(
+                agent, input_json, run_id, wait, unserved=unserved, budget=budget
+            )
+        )
 
     async def fork(
         self,

@@ -12,10 +12,11 @@ and the log beyond the projector's offset; nothing scans a topic from its start.
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import Literal, TypeVar
 
@@ -34,6 +35,7 @@ from es_agents.client_types import (
     as_json,
 )
 from es_agents.core.approvals import answered, decision_of, pause_of
+from es_agents.core.budget import Budget, parse_overrides
 from es_agents.core.commands import (
     Approve,
     Cancel,
@@ -53,6 +55,7 @@ from es_agents.dead_letters import DeadLetter, read_dead_letters
 from es_agents.errors import (
     ConfigError,
     EsAgentsError,
+    InvalidInput,
     NotFound,
     PayloadUnavailable,
 )
@@ -149,8 +152,13 @@ class Client:
         wait: float = 10.0,
         *,
         unserved: Literal["queue", "refuse"] = "queue",
+        budget: Budget | Mapping[str, object] | None = None,
     ) -> CommandResult:
         """Start a run of ``agent``; refused at once if ``run_id`` is taken.
+
+        ``budget``: the run's own limits instead of its agent's -- a ``Budget``
+        (all of it), or a mapping of some of its fields (``{"max_steps": 20,
+        "on_exceeded": "pause"}``); checked here (``InvalidInput``).
 
         ``input_json``: JSON text, or any JSON value (dict, list, number, ...), or a
         pydantic model (its JSON); anything else raises ``InvalidInput``.
@@ -163,7 +171,12 @@ class Client:
         self._check_topics()
         run_id = run_id or str(uuid.uuid4())
         command = self._claimed(
-            StartRun(run_id=run_id, agent=agent, input_json=self._seal(run_id, text))
+            StartRun(
+                run_id=run_id,
+                agent=agent,
+                input_json=self._seal(run_id, text),
+                budget_json=_budget_json(budget),
+            )
         )
         too_large = self._too_large(command)
         if too_large is not None:
@@ -691,6 +704,19 @@ class Client:
 
     def _dead_letters(self, run_id: str) -> list[tuple[str, int, int, str]]:
         return self._ports.projections.dead_letters(run_id)
+
+
+def _budget_json(budget: Budget | Mapping[str, object] | None) -> str | None:
+    """A run's own limits as its start carries them (``core.budget``)."""
+    if budget is None:
+        return None
+    given = dataclasses.asdict(budget) if isinstance(budget, Budget) else dict(budget)
+    text = json.dumps(given, sort_keys=True)
+    try:
+        parse_overrides(text)
+    except ValueError as e:
+        raise InvalidInput(str(e)) from None
+    return text
 
 
 _ROW_FIELDS = frozenset(f.name for f in dataclasses.fields(RunRow))

@@ -22,6 +22,7 @@ the next ``run()`` recovers the run), and tells what happened (``state``,
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
@@ -101,10 +102,21 @@ class AgentHarness:
         self.ports.close()
 
     # -- commands ----------------------------------------------------------------------
-    def start(self, input_json: str = "{}", run_id: str | None = None) -> str:
+    def start(
+        self,
+        input_json: str = "{}",
+        run_id: str | None = None,
+        budget: dict[str, object] | None = None,
+    ) -> str:
+        """Send a start (``budget``: the run's own limits, ``core.budget``)."""
         run_id = run_id or f"run-{uuid.uuid4().hex[:8]}"
         self.ports.log.send(
-            StartRun(run_id=run_id, agent=self.agent.name, input_json=input_json)
+            StartRun(
+                run_id=run_id,
+                agent=self.agent.name,
+                input_json=input_json,
+                budget_json=None if budget is None else json.dumps(budget),
+            )
         )
         return run_id
 

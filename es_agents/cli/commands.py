@@ -84,6 +84,14 @@ def _report(result: CommandResult, quiet_applied: bool = False) -> None:
     help="Send the start even if no worker has served AGENT yet (it waits for "
     "one); without it such a start is refused, naming the served agents.",
 )
+@click.option(
+    "--budget",
+    "budget_json",
+    default=None,
+    help="The run's own limits instead of its agent's, as JSON: {\"max_steps\": 20, "
+    '"max_cost": 0.5, "on_exceeded": "pause"} (max_steps, max_model_calls, '
+    "max_tokens, max_cost in USD, max_seconds, max_turns; on_exceeded fail|pause).",
+)
 @wait_options
 @output_option
 def start_run(  # noqa: PLR0917 - click passes options positionally
@@ -91,11 +99,13 @@ def start_run(  # noqa: PLR0917 - click passes options positionally
     input_json: str,
     run_id: str | None,
     queue: bool,
+    budget_json: str | None,
     wait_seconds: float,
     no_wait: bool,
 ) -> None:
     """Start a run of AGENT; prints the run id, then what became of the start."""
     input_json = _require_json(input_json, "--input")
+    budget = None if budget_json is None else _require_object(budget_json, "--budget")
     with client() as c:
         result = c.start(
             agent,
@@ -103,6 +113,7 @@ def start_run(  # noqa: PLR0917 - click passes options positionally
             run_id,
             wait=0 if no_wait else wait_seconds,
             unserved="queue" if queue else "refuse",
+            budget=budget,
         )
     if not machine() and result.status != "refused":
         click.echo(result.run_id)
@@ -159,6 +170,13 @@ def _require_json(text: str, option: str) -> str:
     except ValueError as e:
         raise click.BadParameter(f"not JSON: {e}", param_hint=option) from e
     return text
+
+
+def _require_object(text: str, option: str) -> dict[str, object]:
+    value = json.loads(_require_json(text, option))
+    if not isinstance(value, dict):
+        raise click.BadParameter("a JSON object", param_hint=option)
+    return value
 
 
 def _decide(command: Command, wait_seconds: float, no_wait: bool) -> None:

@@ -34,6 +34,8 @@ class StartRun(Command):
     parent_call_id: str | None = None
     # An input over the payload threshold: in the object store, input_json empty.
     claims: tuple[PayloadClaim, ...] = ()
+    # The run's own limits (``core.budget``): a JSON object; None: its agent's.
+    budget_json: str | None = None
 
 
 class ForkRun(Command):

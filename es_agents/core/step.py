@@ -17,6 +17,7 @@ from typing import Literal, Protocol
 
 from pydantic import JsonValue
 
+from es_agents.core.budget import BUDGET_EXCEEDED, GRANTS_KEY
 from es_agents.core.commands import (
     Approve,
     Cancel,
@@ -424,6 +425,9 @@ def _same_as_applied(state: RunState, command: Command) -> None:
 def _decide_gate(state: RunState, command: Approve | Reject, out: EventBuilder) -> None:
     decision = "approved" if isinstance(command, Approve) else "rejected"
     waiting = state.waiting
+    if waiting is not None and waiting.reason == BUDGET_EXCEEDED:
+        _decide_budget(state, command, out)
+        return
     if waiting is not None and waiting.reason == "awaiting_approval":
         if command.gate is not None and command.gate != waiting.gate:
             raise Refused(
@@ -468,6 +472,30 @@ def _decide_gate(state: RunState, command: Approve | Reject, out: EventBuilder) 
         value_json=canonical_json(
             {"decision": decision, "by": command.by, "command_id": command.command_id}
         ),
+    )
+
+
+def _decide_budget(
+    state: RunState, command: Approve | Reject, out: EventBuilder
+) -> None:
+    """At a budget pause: an approval grants the run as much again of every limit;
+    a rejection ends it (``budget_exceeded``)."""
+    if command.gate is not None:
+        raise Refused(
+            f"run {state.run_id} waits for a decision on its budget, not at gate "
+            f"{command.gate!r} (decide without --gate)"
+        )
+    decision = "approved" if isinstance(command, Approve) else "rejected"
+    out.add(Resumed, reason=decision, command_id=command.command_id, by=command.by)
+    if isinstance(command, Approve):
+        grants = state.vars.get(GRANTS_KEY)
+        more = (grants if isinstance(grants, int) else 0) + 1
+        out.add(StatePatched, key=GRANTS_KEY, value_json=canonical_json(more))
+        return
+    why = f"budget exceeded; {command.by} decided to stop"
+    reason = getattr(command, "reason", None)
+    out.add(
+        RunFailed, error=why + (f": {reason}" if reason else ""), kind=BUDGET_EXCEEDED
     )
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
@@ -36,7 +36,7 @@ from es_agents.runtime.driver import PartitionDriver
 from es_agents.runtime.loader import RunLoader
 from es_agents.runtime.pools import Blocking, Calls
 from es_agents.runtime.sealed_ledger import SealedLedger
-from es_agents.settings import Settings
+from es_agents.settings import ModelPrice, Settings
 from es_agents.vault import Cipher, encrypts
 
 
@@ -109,6 +109,15 @@ class RunContext:
     # Where a model's answer streams while the call is in flight (None: it does not:
     # the store has no stream, the agent says stream=False, or it encrypts).
     deltas: Deltas | None = None
+    # USD per million tokens per model id (ES_AGENTS_PRICES): a run's cost so far.
+    prices: Mapping[str, ModelPrice] = field(default_factory=dict)
+
+    def cost(self, state: RunState) -> float | None:
+        """What the run's model calls cost so far (None: its model has no price)."""
+        price = self.prices.get(state.versions.model_id)
+        if price is None:
+            return None
+        return price.cost(state.prompt_tokens, state.completion_tokens)
 
 
 class Stepping(Protocol):
@@ -202,4 +211,5 @@ def run_context(
         redactor=Redactor(cipher, agent.tools),
         # Encrypted agents do not stream: deltas would be their answers in clear.
         deltas=None if encrypt or not getattr(agent, "stream", True) else ports.deltas,
+        prices=settings.prices,
     )

@@ -24,7 +24,14 @@ from typing import Any
 
 from es_agents import lifecycle
 from es_agents.core.approvals import escalation
-from es_agents.core.budget import BUDGET_EXCEEDED, DEFAULT_BUDGET, Budget
+from es_agents.core.budget import (
+    BUDGET_EXCEEDED,
+    BUDGET_KEY,
+    DEFAULT_BUDGET,
+    Budget,
+    for_run,
+    parse_overrides,
+)
 from es_agents.core.chain import GENESIS, Sealed
 from es_agents.core.commands import (
     Approve,
@@ -332,6 +339,22 @@ class RunLoop:
         except PayloadUnavailable as e:
             raise Refused(f"its input is unavailable: {e}") from e
 
+    def _start(self, command: StartRun) -> None:
+        check = getattr(self.agent, "check_input", None)  # a typed agent's
+        if check is not None and (why := check(command.input_json)) is not None:
+            raise Refused(why)
+        own = None
+        if command.budget_json is not None:
+            try:
+                own = parse_overrides(command.budget_json)
+            except ValueError as e:
+                raise Refused(str(e)) from e
+        event = start(command, fingerprint(self.ctx.running))  # type: ignore[arg-type]
+        self.state = fold(RunState(run_id=command.run_id), event)
+        self.buffer.append(event)
+        if own is not None:  # the run's own limits, in its log
+            self.add(StatePatched, key=BUDGET_KEY, value_json=canonical_json(own))
+
     def apply(self, command: Command) -> str | None:  # noqa: PLR0912 - per command
         """Apply one command to the run, or raise ``Refused`` / ``NotMine``; a note
         for its sender when it was applied but did not finish (a quorum)."""
@@ -345,12 +368,7 @@ class RunLoop:
         if isinstance(command, StartRun) and self.state is None:
             if command.agent != mine:
                 raise NotMine
-            check = getattr(self.agent, "check_input", None)  # a typed agent's
-            if check is not None and (why := check(command.input_json)) is not None:
-                raise Refused(why)
-            event = start(command, fingerprint(self.ctx.running))  # type: ignore[arg-type]
-            self.state = fold(RunState(run_id=command.run_id), event)
-            self.buffer.append(event)
+            self._start(command)
             return None
         if isinstance(command, ForkRun) and self.state is None:
             if command.agent != mine:
@@ -484,12 +502,18 @@ class RunLoop:
             return "reconcile"
         step = self._plan(state)
         if pending is None and isinstance(step, CallModel | CallTool | CallTools):
-            budget: Budget = getattr(self.agent, "budget", DEFAULT_BUDGET)
+            agents: Budget = getattr(self.agent, "budget", DEFAULT_BUDGET)
+            budget = for_run(agents, state)
             # The clock only for a time limit: this runs before every call.
             now = datetime.now(UTC) if budget.max_seconds is not None else None
-            why = budget.over(state, now, model=isinstance(step, CallModel))
+            cost = self.ctx.cost(state) if budget.max_cost is not None else None
+            why = budget.over(state, now, model=isinstance(step, CallModel), cost=cost)
             if why is not None:
-                self.add(RunFailed, error=why, kind=BUDGET_EXCEEDED)
+                if budget.on_exceeded == "pause":  # for a person to grant more
+                    detail = canonical_json({"why": why})
+                    self.add(Interrupted, reason=BUDGET_EXCEEDED, detail_json=detail)
+                else:
+                    self.add(RunFailed, error=why, kind=BUDGET_EXCEEDED)
                 await self.flush()
                 return "budget"  # es_agents_steps{kind="budget"}
         if isinstance(pending, PendingModelCall):

@@ -163,7 +163,8 @@ class _Pages:
     async def _runs(self, request: Request) -> dict[str, Any]:
         status = request.query_params.get("status") or None
         agent = request.query_params.get("agent") or None
-        rows = await _call(self.client.runs, status, 200, agent=agent)
+        found = await _call(self.client.runs, status, 200, agent=agent)
+        rows = [asdict(r) for r in found]
         return {"rows": rows, "status": status or "", "agent": agent or ""}
 
     async def run_page(self, request: Request) -> Response:
@@ -278,7 +279,8 @@ class _Pages:
         return self.page(request, "dlq.html", context)
 
     async def costs_page(self, request: Request) -> Response:
-        rows = await _call(self.client.runs, None, 1000)
+        found = await _call(self.client.runs, None, 1000)
+        rows = [asdict(r) for r in found]
         return self.page(request, "costs.html", _costs(rows, self.prices))
 
 
@@ -329,6 +331,7 @@ def _awaiting(view: RunView) -> dict[str, Any] | None:
         "args": args,
         "question": found.get("question"),  # ask_human's
         "invalid": found.get("invalid"),
+        "why": found.get("why"),  # a budget's limit reached
     }
 
 

@@ -248,3 +248,49 @@ def test_a_thread_in_the_browser(env: dict[str, str], tmp_path: Path) -> None:
         server.terminate()
         _, err = server.communicate(timeout=30)
     assert server.returncode in (0, -15), err[-3000:]
+
+
+def test_a_budget_decision_in_the_browser(env: dict[str, str], tmp_path: Path) -> None:
+    """A run paused at its budget: the page says which limit, Grant gives it as
+    much again, Stop ends it."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    run = f"ui-budget-{uuid.uuid4().hex[:8]}"
+    users = _users(env, tmp_path / "users")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "es_agents.cli", "ui", "--port", str(port),
+         "--users", str(users)],
+        cwd=ROOT, env=_env(**env), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    budget = json.dumps({"max_model_calls": 2, "on_exceeded": "pause"})
+    try:
+        with worker(env, "tests.agents:longwinded"), sync_playwright() as p:
+            started = cli(env, "start", "longwinded", "--run-id", run,
+                          "--budget", budget)  # fmt: skip
+            assert started.returncode == 0, started.stderr
+            until(lambda: "budget_exceeded" in cli(env, "status", run).stdout,
+                  what="the budget pause")  # fmt: skip
+            until(lambda: _up(base + "/"), what="the ui")
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM, args=["--no-sandbox", "--headless=new"]
+            )
+            page = browser.new_page()
+            _sign_in(page, base)
+            page.goto(f"{base}/runs/{run}")
+            expect(page.locator("#budget-why")).to_contain_text(
+                "2 model calls of at most 2"
+            )
+            page.click("#grant")
+            expect(page.locator("#verdict")).to_contain_text("applied")
+            expect(page.locator("#budget-why")).to_contain_text(
+                "4 model calls of at most 4", timeout=30_000
+            )
+            page.fill("#reason", "enough")
+            page.click("#stop")
+            expect(page.locator("#status")).to_have_text("failed", timeout=30_000)
+            browser.close()
+    finally:
+        server.terminate()
+        _, err = server.communicate(timeout=30)
+    assert server.returncode in (0, -15), err[-3000:]
