@@ -34,10 +34,11 @@ def test_services_are_checked_and_the_example_app_is_there() -> None:
     services = _services()
     for name in ("kafka", "postgres", "s3"):
         assert "healthcheck:" in services[name], name
-    for name in ("worker", "projector", "ticket-service"):
+    for name in ("serve", "ui", "ticket-service"):
         assert 'profiles: ["app"]' in services[name], name
-    assert "es_agents.lab.research:agent" in services["worker"]
-    assert "condition: service_healthy" in services["projector"]
+    # The worker and a projector, supervised: `es-agents serve`.
+    assert '["serve", "--agent", "es_agents.lab.research:agent"' in services["serve"]
+    assert "condition: service_healthy" in services["serve"]
 
 
 def test_the_cluster_profile_has_three_replicated_brokers() -> None:
