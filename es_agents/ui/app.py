@@ -35,12 +35,14 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
 from es_agents.client import Client, RunView
+from es_agents.core.approvals import pause_of
 from es_agents.errors import EsAgentsError, NotFound
 from es_agents.replay import timeline
 from es_agents.run_tree import child_runs
 from es_agents.settings import ModelPrice
 from es_agents.ui.auth import SignIn, cross_site, csrf_token
 from es_agents.ui.conversation import conversation
+from es_agents.ui.signing import signed_decision, signing
 from es_agents.ui.stream import sse
 
 HERE = Path(__file__).parent
@@ -100,10 +102,13 @@ class _Pages:
         self.prices = client.settings.prices
 
     def page(self, request: Request, name: str, context: dict[str, Any]) -> Response:
+        who = self.doors.identity(request)
+        awaiting = context.get("awaiting") or {}
         extra = {
             "csrf": csrf_token(request),
-            "who": self.doors.identity(request),
+            "who": who,
             "mode": self.doors.mode,
+            "signing": signing(awaiting.get("pause"), who),
         }
         return self.templates.TemplateResponse(request, name, {**context, **extra})
 
@@ -254,6 +259,10 @@ class _Pages:
                     10.0,
                     end=action == "end",
                 )
+            elif (signed := signed_decision(action, run_id, by, form)) is not None:
+                if isinstance(signed, str):
+                    return _refused(signed, 400)
+                result = await _call(self.client.send, signed, 10.0)
             else:
                 method = (
                     self.client.approve if action == "approve" else self.client.reject
@@ -332,6 +341,7 @@ def _awaiting(view: RunView) -> dict[str, Any] | None:
         "question": found.get("question"),  # ask_human's
         "invalid": found.get("invalid"),
         "why": found.get("why"),  # a budget's limit reached
+        "pause": pause_of(state),  # at a gate: what a signed decision covers
     }
 
 

@@ -294,3 +294,72 @@ def test_a_budget_decision_in_the_browser(env: dict[str, str], tmp_path: Path) -
         server.terminate()
         _, err = server.communicate(timeout=30)
     assert server.returncode in (0, -15), err[-3000:]
+
+
+def _adduser(env: dict[str, str], path: Path, name: str) -> None:
+    added = subprocess.run(
+        [sys.executable, "-m", "es_agents.cli", "ui", "adduser", name, "--users",
+         str(path), "--password-stdin"],
+        input=f"{name} horse\n", cwd=ROOT, env=_env(**env), capture_output=True,
+        text=True, check=False,
+    )  # fmt: skip
+    assert added.returncode == 0, added.stderr
+
+
+def test_signed_approvals_from_the_page(env: dict[str, str], tmp_path: Path) -> None:
+    """A four-eyes gate that takes signed decisions only: an unsigned approval
+    from the page is refused; alice and bob each sign in the browser with their own
+    key file (the key never leaves the page) and the wire goes out."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    users = tmp_path / "users"
+    keys = {}
+    for name, roles in (("alice", []), ("bob", ["--role", "finance"])):
+        _adduser(env, users, name)
+        keys[name] = tmp_path / f"{name}.key"
+        made = cli(env, "keys", "new", "--identity", name, "--out", str(keys[name]),
+                   *roles)  # fmt: skip
+        assert made.returncode == 0, made.stderr
+    server = subprocess.Popen(
+        [sys.executable, "-m", "es_agents.cli", "ui", "--port", str(port),
+         "--users", str(users)],
+        cwd=ROOT, env=_env(**env), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        with worker(env, "tests.secure_agents:four_eyes"), sync_playwright() as p:
+            started = cli(env, "start", "four-eyes", "-o", "json")
+            assert started.returncode == 0, started.stderr
+            run = json.loads(started.stdout)["run_id"]
+            until(lambda: "paused" in cli(env, "status", run).stdout, what="the gate")
+            until(lambda: _up(base + "/"), what="the ui")
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM, args=["--no-sandbox", "--headless=new"]
+            )
+            for name in ("alice", "bob"):
+                page = browser.new_context().new_page()
+                page.goto(base + "/login")
+                page.fill("#name", name)
+                page.fill("#password", f"{name} horse")
+                page.click("#sign-in")
+                expect(page.locator("#who")).to_have_text(name)
+                page.goto(f"{base}/runs/{run}")
+                if name == "alice":  # unsigned: refused, the gate says why
+                    page.click("#approve")
+                    expect(page.locator("#verdict")).to_contain_text("refused")
+                page.click("#signing summary")
+                page.set_input_files("#key-file", str(keys[name]))
+                page.click("#sign-approve")
+                expect(page.locator("#verdict")).to_contain_text("applied")
+            expect(page.locator("#status")).to_have_text("completed", timeout=30_000)
+            browser.close()
+        timeline = json.loads(cli(env, "show", run, "-o", "json").stdout)
+        said = json.dumps(timeline)
+        assert [e["type"] for e in timeline].count("tool_returned") == 1
+        assert "alice" in said
+        assert "bob" in said  # both signed approvals recorded
+        assert b"PRIVATE KEY" not in users.read_bytes()
+    finally:
+        server.terminate()
+        _, err = server.communicate(timeout=30)
+    assert server.returncode in (0, -15), err[-3000:]
