@@ -56,7 +56,7 @@ FIELDS: dict[type[Event], tuple[str, ...]] = {
     RunStarted: ("input_json",),
     ModelResponded: ("content",),
     ToolCallRequested: ("args_json",),
-    ToolReturned: ("result_json",),
+    ToolReturned: ("result_json", "error"),  # a tool's message, a rejection's reason
     Resumed: ("input_json",),
     MessageReceived: ("text",),
     ChildReturned: ("output_json",),

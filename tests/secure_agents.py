@@ -80,9 +80,10 @@ sealed = ToolAgent(
 )
 
 
-@tool(KeepArgs, requires_approval=True)
+@tool(KeepArgs, requires_approval=True, on_reject="tell_model")
 def file_note(args: KeepArgs, ctx: ToolContext) -> JsonValue:
-    """Files a note once a person agreed."""
+    """Files a note once a person agreed (a rejection's reason goes to the model, in
+    the call's error)."""
     return {"filed": args.note}
 
 

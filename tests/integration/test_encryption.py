@@ -263,9 +263,11 @@ def test_reasons_and_comments_are_sealed_too(
 ) -> None:
     """Before: a rejection's or a cancel's reason and an approval's comment stayed in
     plain text in the commands topic (which never expires) and, for a cancel, in
-    the run's ``run_failed`` and its row, after ``forget`` too. Now a client with the
+    the run's ``run_failed`` and its row, after ``forget`` too; a rejection's reason
+    told to the model stayed plain in ``tool_returned.error``. Now a client with the
     master key seals them like the input, and the worker writes the failure's
-    message encrypted; one without the key may not send them to such an agent."""
+    message and a call's error encrypted; one without the key may not send them to
+    such an agent."""
     marker = f"MARKER-{uuid.uuid4().hex}"
     env = {**env, "ES_AGENTS_MASTER_KEY": new_master_key()}
     without_key = {k: v for k, v in env.items() if k != "ES_AGENTS_MASTER_KEY"}
