@@ -58,6 +58,7 @@ from es_agents.core.state import RunState
 from es_agents.core.transcript import CHUNK
 from es_agents.dead_letters import DeadLetterQueue
 from es_agents.errors import (
+    ConfigError,
     DecodeError,
     FoldError,
     PayloadUnavailable,
@@ -159,8 +160,23 @@ class Projector:
 
     def reset(self) -> None:
         """Empty the projections and this group's offsets: the next assignment
-        projects every partition from its start. Run with no other projector up."""
+        projects every partition from its start. Run with no other projector up.
+        Refused (``ConfigError``) when the database also holds another prefix's
+        projections: the tables are shared, so theirs would be emptied too while
+        their projectors went on past the start."""
         with self.db.transaction() as conn:
+            others = conn.execute(
+                "SELECT DISTINCT topic FROM projector_offsets "
+                "WHERE NOT (group_id = %s AND topic = %s) ORDER BY topic",
+                (self.group_id, self.topic),
+            ).fetchall()
+            if others:
+                raise ConfigError(
+                    f"this database also holds the projections of "
+                    f"{', '.join(str(t) for (t,) in others)}: --rebuild empties "
+                    "every prefix's rows, and their projectors would not project "
+                    "them again. Rebuild a prefix that has a database of its own"
+                )
             conn.execute(
                 "TRUNCATE runs, run_events, run_snapshots, run_transcripts, "
                 "dead_letters"

@@ -181,7 +181,8 @@ def serve(agent_spec: str, no_projector: bool, instance_id: str | None) -> None:
     "--rebuild",
     is_flag=True,
     help="Empty the projections (runs, run_events, run_snapshots, dead_letters) "
-    "and project the whole log again. Stop other projectors first.",
+    "and project the whole log again. Stop other projectors first. Refused "
+    "(exit 2) when the database also holds another prefix's projections.",
 )
 @click.option(
     "--metrics-port",

@@ -29,6 +29,7 @@ from es_agents.core.events import Event, StatePatched
 from es_agents.core.step import CallModel, request_hash
 from es_agents.core.transcript import CHUNK, Conversation, Message
 from es_agents.dev import DevStack
+from es_agents.errors import ConfigError
 from es_agents.lab.demo import script
 from es_agents.runtime.loader import RunLoader
 from es_agents.settings import KafkaSettings, Settings
@@ -457,6 +458,16 @@ def test_rebuild_projects_the_whole_log_again(
     projector.run(until_caught_up=True, idle_seconds=0.3)
     assert _tables(fresh_db)["runs"] == before["runs"]
     assert _tables(fresh_db)["run_events"] == before["run_events"]
+    # Another prefix projected into the same database: a rebuild would empty its
+    # rows too (the tables are shared) and its projector would not redo them.
+    with psycopg.connect(fresh_db, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO projector_offsets (group_id, topic, partition, next_offset) "
+            "VALUES ('other.projector', 'other.events', 0, 7)"
+        )
+    with pytest.raises(ConfigError, match=r"other\.events: --rebuild empties"):
+        projector.reset()
+    assert _tables(fresh_db)["runs"] == before["runs"]  # nothing emptied
 
 
 def test_a_projector_stalled_mid_batch_does_not_stop_the_next(
