@@ -29,6 +29,7 @@ from es_agents.core.state import (
     AWAITING_MESSAGE,
     CHILD_LOOKUP_AFTER,
     RunState,
+    Versions,
 )
 from es_agents.core.step import (
     CallModel,
@@ -398,6 +399,22 @@ def load_agent(spec: str) -> Agent:
     if not hasattr(agent, "plan"):
         raise ConfigError(f"agent {spec!r} has no plan(state) method")
     return agent  # type: ignore[no-any-return]
+
+
+def running_versions(agent: Any) -> Versions:
+    """What ``agent``'s code is, as the version gate compares it with what a run
+    started under (``run_started`` records the same)."""
+    from es_agents.core.snapshot import REDUCER_VERSION  # noqa: PLC0415
+
+    declared = agent.versions()
+    return Versions(
+        agent_version=str(declared.get("agent_version", "")),
+        code_revision=code_revision(),
+        prompt_hash=str(declared.get("prompt_hash", "")),
+        model_id=str(declared.get("model_id", "")),
+        tools_hash=str(declared.get("tools_hash", "")),
+        reducer_version=REDUCER_VERSION,
+    )
 
 
 def code_revision() -> str:

@@ -77,12 +77,13 @@ def decode(run_id: str, value: bytes) -> Delta | None:
 
 
 def _start(consumer: Consumer, topic: str, partition: int, since: datetime) -> int:
+    """The first offset at or after ``since``; when there is none yet, the end as
+    it was *before* asking (what lands between the two answers is at or after
+    it: asked the other way round, a delta landing in between was passed over)."""
+    end: int = consumer.get_watermark_offsets(TP(topic, partition), timeout=10)[1]
     wanted = TP(topic, partition, int(since.timestamp() * 1000))
     start: int = consumer.offsets_for_times([wanted], timeout=10)[0].offset
-    if start < 0:  # nothing since then: from the end as of now, by number
-        # (the "end" resolved later would pass over what lands meanwhile)
-        start = consumer.get_watermark_offsets(TP(topic, partition), timeout=10)[1]
-    return start
+    return start if start >= 0 else end
 
 
 _SETTLING = {

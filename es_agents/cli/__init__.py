@@ -11,7 +11,18 @@ import sys
 
 import click
 
-from es_agents.cli import commands, dev, inspect, keys, lab, schedule, serve, show, ui
+from es_agents.cli import (
+    commands,
+    dev,
+    inspect,
+    keys,
+    lab,
+    schedule,
+    serve,
+    show,
+    ui,
+    upgrade,
+)
 from es_agents.cli.base import (
     EXIT_NOT_FOUND,
     EXIT_REFUSED,
@@ -42,6 +53,7 @@ __all__ = [
     "serve",
     "show",
     "ui",
+    "upgrade",
 ]
 
 

@@ -11,11 +11,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Protocol
 
-from es_agents.agent import code_revision, declared_gates
+from es_agents.agent import declared_gates, running_versions
 from es_agents.approvals import Approvals, policies_of
 from es_agents.core.commands import Command
 from es_agents.core.events import Event
-from es_agents.core.snapshot import REDUCER_VERSION
 from es_agents.core.state import RunState, Versions
 from es_agents.core.versions import StateMigration, VersionPolicy
 from es_agents.dead_letters import DeadLetterQueue
@@ -149,15 +148,7 @@ def run_context(
     """The context of ``agent``'s runs: what the running code is (the version gate
     compares it with what each run started under), its gates and approval
     policies, how its payloads and secrets are kept, and the ports."""
-    declared = agent.versions()
-    running = Versions(
-        agent_version=str(declared.get("agent_version", "")),
-        code_revision=code_revision(),
-        prompt_hash=str(declared.get("prompt_hash", "")),
-        model_id=str(declared.get("model_id", "")),
-        tools_hash=str(declared.get("tools_hash", "")),
-        reducer_version=REDUCER_VERSION,
-    )
+    running = running_versions(agent)
     policies = policies_of(agent)
     escalations = dict(getattr(agent, "escalations", {}))
     cipher = Cipher(ports.vault)

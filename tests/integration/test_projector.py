@@ -466,7 +466,7 @@ def test_rebuild_projects_the_whole_log_again(
             "VALUES ('other.projector', 'other.events', 0, 7)"
         )
     with pytest.raises(ConfigError, match=r"other\.events: --rebuild empties"):
-        projector.reset()
+        build_projector(settings, batch_size=50).reset()
     assert _tables(fresh_db)["runs"] == before["runs"]  # nothing emptied
 
 
