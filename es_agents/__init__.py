@@ -21,6 +21,7 @@ _LAZY = {
     "replay": "es_agents.core",
     "ApprovalPolicy": "es_agents.core.approvals",
     "Budget": "es_agents.core.budget",
+    "Limits": "es_agents.core.flow",
     "SigningKey": "es_agents.approvals",
     "Forbidden": "es_agents.errors",
     "AsyncClient": "es_agents.async_client",
@@ -52,6 +53,7 @@ __all__ = [
     "Event",
     "Forbidden",
     "KafkaSettings",
+    "Limits",
     "NotFound",
     "PendingCall",
     "Reply",
@@ -85,6 +87,7 @@ if TYPE_CHECKING:
     from es_agents.core import Command, Event, RunState, fold, replay
     from es_agents.core.approvals import ApprovalPolicy
     from es_agents.core.budget import Budget
+    from es_agents.core.flow import Limits
     from es_agents.errors import EsAgentsError, Forbidden, NotFound, Unavailable
     from es_agents.hosting import Serving, serve
     from es_agents.settings import KafkaSettings, Settings, load_settings

@@ -24,6 +24,7 @@ from es_agents import typed
 from es_agents.core.approvals import ApprovalPolicy
 from es_agents.core.budget import Budget
 from es_agents.core.events import ToolCall
+from es_agents.core.flow import Limits
 from es_agents.core.state import (
     AWAITING_CHILDREN,
     AWAITING_MESSAGE,
@@ -81,6 +82,9 @@ class ToolAgent:
     # How far one run may go: model calls, tokens, steps, seconds, turns
     # (core.budget).
     budget: Budget = field(default_factory=Budget)
+    # How many of its runs take steps at once, in all and per tenant; the others
+    # wait in a queue for a place (core.flow).
+    limits: Limits = field(default_factory=Limits)
     # A thread: after a reply the run waits for the next message (send_message)
     # instead of completing; the next turn continues the same transcript.
     conversational: bool = False

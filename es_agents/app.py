@@ -159,6 +159,7 @@ def _database(
 def _postgres_read_side(settings: Settings, db: Any, decode: Any) -> dict[str, Any]:
     from es_agents.adapters.postgres import PostgresEffectLedger, PostgresTimers
     from es_agents.adapters.postgres_commands import PostgresCommandBook
+    from es_agents.adapters.postgres_flow import PostgresFlow
     from es_agents.adapters.postgres_keys import PostgresKeyring
     from es_agents.adapters.postgres_projections import PostgresProjections
     from es_agents.adapters.postgres_schedules import PostgresSchedules
@@ -174,6 +175,7 @@ def _postgres_read_side(settings: Settings, db: Any, decode: Any) -> dict[str, A
         "ledger": PostgresEffectLedger(db),
         "timers": PostgresTimers(db),
         "schedules": PostgresSchedules(db, kafka.topic_prefix),
+        "flow": PostgresFlow(db, kafka.topic_prefix),
         "book": PostgresCommandBook(db, kafka.topic_prefix),
     }
 
@@ -300,6 +302,7 @@ def _memory(settings: Settings) -> dict[str, Any]:
         MemorySchedules,
         MemoryTimers,
     )
+    from es_agents.adapters.memory_flow import MemoryFlow
     from es_agents.adapters.memory_log import MemoryBroker
     from es_agents.approvals import MemoryKeyring
     from es_agents.vault import MemoryVault
@@ -311,6 +314,7 @@ def _memory(settings: Settings) -> dict[str, Any]:
             "ledger": MemoryEffectLedger(),
             "timers": MemoryTimers(),
             "schedules": MemorySchedules(),
+            "flow": MemoryFlow(),
             "book": MemoryCommandBook(),
             "blobs": InMemoryBlobStore(),
             "keyring": MemoryKeyring(),
@@ -364,6 +368,7 @@ def _memory_ports(settings: Settings, restore: Any) -> Ports:
         ledger=shared["ledger"],
         timers=shared["timers"],
         schedules=shared["schedules"],
+        flow=shared["flow"],
         book=shared["book"],
         keyring=shared["keyring"],
         vault=shared["vault"],

@@ -55,10 +55,19 @@ class AsyncClient:
         *,
         unserved: Literal["queue", "refuse"] = "queue",
         budget: Budget | Mapping[str, object] | None = None,
+        tenant: str | None = None,
+        priority: int = 0,
     ) -> CommandResult:
         return await asyncio.to_thread(
             lambda: self.sync.start(
-                agent, input_json, run_id, wait, unserved=unserved, budget=budget
+                agent,
+                input_json,
+                run_id,
+                wait,
+                unserved=unserved,
+                budget=budget,
+                tenant=tenant,
+                priority=priority,
             )
         )
 

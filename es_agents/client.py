@@ -48,6 +48,7 @@ from es_agents.core.commands import (
     StartRun,
 )
 from es_agents.core.events import Event
+from es_agents.core.flow import InvalidLimits, check_priority, check_tenant
 from es_agents.core.fold import fold
 from es_agents.core.state import RunState
 from es_agents.core.step import Refused, decide, last_reply, start
@@ -153,8 +154,14 @@ class Client:
         *,
         unserved: Literal["queue", "refuse"] = "queue",
         budget: Budget | Mapping[str, object] | None = None,
+        tenant: str | None = None,
+        priority: int = 0,
     ) -> CommandResult:
         """Start a run of ``agent``; refused at once if ``run_id`` is taken.
+
+        ``tenant`` and ``priority``: for an agent with limits of active runs
+        (``Limits``), whose run it is and its place in the queue when no place is
+        free (higher first, then in arrival order); checked here (``InvalidInput``).
 
         ``budget``: the run's own limits instead of its agent's -- a ``Budget``
         (all of it), or a mapping of some of its fields (``{"max_steps": 20,
@@ -168,6 +175,10 @@ class Client:
         (after ``SERVED_GRACE_SECONDS`` for a worker that is starting), naming the
         agents that are served: a mistyped name is not queued forever."""
         text = as_json(input_json, "the run's input")
+        try:
+            tenant, priority = check_tenant(tenant), check_priority(priority)
+        except InvalidLimits as e:
+            raise InvalidInput(str(e)) from None
         self._check_topics()
         run_id = run_id or str(uuid.uuid4())
         command = self._claimed(
@@ -176,6 +187,8 @@ class Client:
                 agent=agent,
                 input_json=self._seal(run_id, text),
                 budget_json=_budget_json(budget),
+                tenant=tenant,
+                priority=priority,
             )
         )
         too_large = self._too_large(command)

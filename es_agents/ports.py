@@ -19,6 +19,7 @@ from es_agents.core.chain import Sealed
 from es_agents.core.commands import Command, ForkRun, StartRun
 from es_agents.core.epochs import StartFloors
 from es_agents.core.events import Event
+from es_agents.core.flow import Limits, Queued
 from es_agents.core.schedules import Schedule
 from es_agents.core.state import RunState
 from es_agents.observability import NoTelemetry, NoTracer, Telemetry, Tracer
@@ -322,6 +323,46 @@ class Schedules(Protocol):
         ...
 
 
+class Flow(Protocol):
+    """The places of an agent's active runs and the queue of runs waiting for one
+    (``core.flow``), shared by every worker of a topic prefix."""
+
+    def take(
+        self, agent: str, run_id: str, tenant: str | None, priority: int, limits: Limits
+    ) -> bool:
+        """Whether ``run_id`` holds a place: it held one, or one is free and no
+        queued run comes before it (``core.flow.ahead``) -- then it holds it now."""
+        ...
+
+    def enqueue(
+        self, agent: str, run_id: str, tenant: str | None, priority: int, since_seq: int
+    ) -> None:
+        """Queue ``run_id`` behind the runs queued before it; a run queued already
+        keeps its place (and takes the new ``since_seq``)."""
+        ...
+
+    def release(self, run_id: str) -> None:
+        """``run_id`` takes no more steps for now (it waits, or it ended): its place
+        is free and it leaves the queue."""
+        ...
+
+    def admit(
+        self,
+        agent: str,
+        limits: Limits,
+        wake: Callable[[Sequence[Queued]], None],
+        limit: int = 100,
+    ) -> list[Queued]:
+        """Give the free places to queued runs (``core.flow.admit``): ``wake`` makes
+        their wake-ups durable, in the transaction that gives the places (when it
+        raises, nothing was given). The runs woken."""
+        ...
+
+    def counts(self, agent: str) -> tuple[int, int]:
+        """The agent's active runs (places held) and queued runs."""
+        ...
+
+
 VerdictStatus = Literal["sent", "applied", "refused"]
 
 
@@ -589,6 +630,8 @@ class Ports:
     deltas: Deltas | None = None
     # Runs started on a cron expression or an interval (None: this store has none).
     schedules: Schedules | None = None
+    # Places of active runs and the queue for them (None: this store has none).
+    flow: Flow | None = None
     # The writer keys (``core.authorship``), read after the migrations ran.
     writer_keys: Callable[[], Authenticator | None] = lambda: None
 

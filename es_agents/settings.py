@@ -281,6 +281,18 @@ class Settings(BaseSettings):
         description="Tool and model calls a worker makes at once, over all its runs "
         "(plain functions each take a thread of the call pool meanwhile)",
     )
+    max_active: int | None = Field(
+        default=None,
+        ge=1,
+        description="At most this many of the agent's runs take steps at once; the "
+        "others wait in a queue (replaces the agent's limits.max_active)",
+    )
+    max_active_per_tenant: int | None = Field(
+        default=None,
+        ge=1,
+        description="At most this many runs of one tenant take steps at once "
+        "(replaces the agent's limits.max_active_per_tenant)",
+    )
     warm_runs: int = Field(
         default=128,
         ge=0,

@@ -107,8 +107,12 @@ class AgentHarness:
         input_json: str = "{}",
         run_id: str | None = None,
         budget: dict[str, object] | None = None,
+        *,
+        tenant: str | None = None,
+        priority: int = 0,
     ) -> str:
-        """Send a start (``budget``: the run's own limits, ``core.budget``)."""
+        """Send a start (``budget``: the run's own limits, ``core.budget``;
+        ``tenant`` and ``priority``: its place under the agent's ``Limits``)."""
         run_id = run_id or f"run-{uuid.uuid4().hex[:8]}"
         self.ports.log.send(
             StartRun(
@@ -116,6 +120,8 @@ class AgentHarness:
                 agent=self.agent.name,
                 input_json=input_json,
                 budget_json=None if budget is None else json.dumps(budget),
+                tenant=tenant,
+                priority=priority,
             )
         )
         return run_id

@@ -92,6 +92,19 @@ def _report(result: CommandResult, quiet_applied: bool = False) -> None:
     '"max_cost": 0.5, "on_exceeded": "pause"} (max_steps, max_model_calls, '
     "max_tokens, max_cost in USD, max_seconds, max_turns; on_exceeded fail|pause).",
 )
+@click.option(
+    "--tenant",
+    default=None,
+    help="Whose run it is, for an agent with a limit of active runs per tenant.",
+)
+@click.option(
+    "--priority",
+    type=click.IntRange(-1_000_000, 1_000_000),
+    default=0,
+    show_default=True,
+    help="Its place when it waits for a place among the agent's active runs: "
+    "higher first, then in arrival order.",
+)
 @wait_options
 @output_option
 def start_run(  # noqa: PLR0917 - click passes options positionally
@@ -100,6 +113,8 @@ def start_run(  # noqa: PLR0917 - click passes options positionally
     run_id: str | None,
     queue: bool,
     budget_json: str | None,
+    tenant: str | None,
+    priority: int,
     wait_seconds: float,
     no_wait: bool,
 ) -> None:
@@ -114,6 +129,8 @@ def start_run(  # noqa: PLR0917 - click passes options positionally
             wait=0 if no_wait else wait_seconds,
             unserved="queue" if queue else "refuse",
             budget=budget,
+            tenant=tenant,
+            priority=priority,
         )
     if not machine() and result.status != "refused":
         click.echo(result.run_id)

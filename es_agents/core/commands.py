@@ -12,6 +12,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from es_agents.core.events import PayloadClaim, new_id, utc_now
+from es_agents.core.flow import MAX_PRIORITY
 
 
 class Command(BaseModel):
@@ -36,6 +37,10 @@ class StartRun(Command):
     claims: tuple[PayloadClaim, ...] = ()
     # The run's own limits (``core.budget``): a JSON object; None: its agent's.
     budget_json: str | None = None
+    # Flow control (``core.flow``): whose run it is, and its place in the queue
+    # among the agent's runs waiting for a place (higher first).
+    tenant: str | None = Field(default=None, min_length=1, max_length=200)
+    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
 
 
 class ForkRun(Command):

@@ -41,6 +41,7 @@ from es_agents.core.events import (
     RunStarted,
     StatePatched,
 )
+from es_agents.core.flow import ADMITTED, QUEUED
 from es_agents.core.fold import fold
 from es_agents.core.state import AWAITING_MESSAGE, GATE_PREFIX, RunState
 from es_agents.core.transcript import EMPTY_CHAIN, Conversation, canonical_bytes
@@ -226,7 +227,7 @@ def start(
     )
 
 
-def decide(  # noqa: PLR0912 - one branch per command and verdict
+def decide(  # noqa: PLR0911, PLR0912 - one branch per command and verdict
     state: RunState | None, command: Command
 ) -> list[Event]:
     """The events ``command`` appends to the run in ``state`` (None: no such run).
@@ -289,7 +290,7 @@ def decide(  # noqa: PLR0912 - one branch per command and verdict
         waiting = state.waiting
         if (
             waiting is None
-            or waiting.reason not in ("sleeping", "awaiting_approval")
+            or waiting.reason not in ("sleeping", "awaiting_approval", QUEUED)
             or timer_id(state.run_id, waiting.since_seq) != command.timer_id
         ):
             return []  # a stale or repeated timer: nothing to wake
@@ -304,6 +305,9 @@ def decide(  # noqa: PLR0912 - one branch per command and verdict
                     {"feedback": f"no decision by {command.due_at.isoformat()}"}
                 ),
             )
+            return out.events
+        if waiting.reason == QUEUED:  # given a place (core.flow)
+            out.add(Resumed, reason=ADMITTED, command_id=command.command_id)
             return out.events
         out.add(Resumed, reason="timer", command_id=command.command_id)
     else:

@@ -15,6 +15,7 @@ from es_agents.agent import declared_gates, running_versions
 from es_agents.approvals import Approvals, policies_of
 from es_agents.core.commands import Command
 from es_agents.core.events import Event
+from es_agents.core.flow import NO_LIMITS, InvalidLimits, Limits
 from es_agents.core.state import RunState, Versions
 from es_agents.core.versions import StateMigration, VersionPolicy
 from es_agents.dead_letters import DeadLetterQueue
@@ -26,6 +27,7 @@ from es_agents.ports import (
     Deltas,
     EffectLedger,
     EventLog,
+    Flow,
     Ports,
     Probe,
     Timers,
@@ -110,6 +112,10 @@ class RunContext:
     deltas: Deltas | None = None
     # USD per million tokens per model id (ES_AGENTS_PRICES): a run's cost so far.
     prices: Mapping[str, ModelPrice] = field(default_factory=dict)
+    # How many of the agent's runs may take steps at once (core.flow), and the
+    # places and queue that hold them to it (None: no limits).
+    limits: Limits = NO_LIMITS
+    flow: Flow | None = None
 
     def cost(self, state: RunState) -> float | None:
         """What the run's model calls cost so far (None: its model has no price)."""
@@ -163,6 +169,9 @@ def run_context(
             f"agent {agent.name!r} {what}: set ES_AGENTS_MASTER_KEY "
             "or ES_AGENTS_MASTER_KEY_FILE (es-agents vault new-master-key)"
         )
+    limits = limits_of(agent, settings)
+    if limits.limited and ports.flow is None:
+        raise ConfigError(f"the {ports.store} store keeps no places for flow control")
     kafka = settings.kafka
     return RunContext(
         agent=agent,
@@ -203,4 +212,21 @@ def run_context(
         # Encrypted agents do not stream: deltas would be their answers in clear.
         deltas=None if encrypt or not getattr(agent, "stream", True) else ports.deltas,
         prices=settings.prices,
+        limits=limits,
+        flow=ports.flow if limits.limited else None,
     )
+
+
+def limits_of(agent: Any, settings: Settings) -> Limits:
+    """The agent's limits of active runs, each one replaced by its setting when
+    that is given (``ES_AGENTS_MAX_ACTIVE``, ``ES_AGENTS_MAX_ACTIVE_PER_TENANT``)."""
+    own: Limits = getattr(agent, "limits", NO_LIMITS)
+    try:
+        return Limits(
+            max_active=settings.max_active or own.max_active,
+            max_active_per_tenant=(
+                settings.max_active_per_tenant or own.max_active_per_tenant
+            ),
+        )
+    except InvalidLimits as e:
+        raise ConfigError(f"agent {agent.name!r}: {e}") from e

@@ -49,6 +49,7 @@ from es_agents.core.events import (
     StatePatched,
     ToolReturned,
 )
+from es_agents.core.flow import FLOW_KEY
 from es_agents.core.fold import fold
 from es_agents.core.fork import fork_events
 from es_agents.core.gate import gate_events
@@ -87,7 +88,7 @@ from es_agents.errors import (
     RunError,
 )
 from es_agents.ports import Decided, Position
-from es_agents.runtime import children, effects, model_steps
+from es_agents.runtime import children, effects, flow, model_steps
 from es_agents.runtime.context import NotMine, RunActor, RunContext
 from es_agents.vault import encrypted
 
@@ -256,6 +257,7 @@ class RunLoop:
 
     async def _drive(self) -> None:
         gate = True  # the version gate: at the activation and after commands
+        placed = False  # a place among the agent's active runs (core.flow)
         while True:
             if self.actor.inbox:
                 # Applying commands may read the database (a start's agent, a
@@ -273,6 +275,10 @@ class RunLoop:
             if state is None or state.status != "running" or self.actor.stopping:
                 await self.flush()
                 return
+            if not placed:
+                placed = await flow.hold_place(self, state)
+                if not placed:
+                    return  # queued: a worker wakes it when a place is free
             await self.advance(state)
             if self.buffer:
                 await asyncio.sleep(0)  # a step without an append: let others step
@@ -354,6 +360,9 @@ class RunLoop:
         self.buffer.append(event)
         if own is not None:  # the run's own limits, in its log
             self.add(StatePatched, key=BUDGET_KEY, value_json=canonical_json(own))
+        if command.tenant is not None or command.priority:  # for flow control
+            place = {"tenant": command.tenant, "priority": command.priority}
+            self.add(StatePatched, key=FLOW_KEY, value_json=canonical_json(place))
 
     def apply(self, command: Command) -> str | None:  # noqa: PLR0912 - per command
         """Apply one command to the run, or raise ``Refused`` / ``NotMine``; a note

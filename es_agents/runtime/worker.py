@@ -47,6 +47,7 @@ from es_agents.errors import (
 from es_agents.ports import Decided, Ports, Position
 from es_agents.runtime import containment
 from es_agents.runtime.context import RunActor, RunContext
+from es_agents.runtime.flow import admit_queued, releases
 from es_agents.runtime.offsets import OffsetTracker
 from es_agents.runtime.others import OtherRuns, remember
 from es_agents.runtime.ownership import Ownership, runs_to_resume
@@ -60,6 +61,7 @@ log = logging.getLogger(__name__)
 
 HEARTBEAT_SECONDS = 5.0
 SCHEDULE_SECONDS = 0.5  # how often due schedules are looked for
+ADMIT_SECONDS = 0.5  # how often queued runs are let in, when no place was freed here
 STOP_SECONDS = 60.0  # at close, how long runs may take to reach a step's end
 
 
@@ -118,6 +120,8 @@ class Worker:
         self._busy_recoveries = 0
         self._assigned = False
         self._stop = threading.Event()
+        self._released = threading.Event()  # a place was freed: admit at once
+        self._last = {"timers": 0.0, "schedules": 0.0, "admitted": 0.0}
         self._fatal: BaseException | None = None
         self.source = ports.subscribe(
             settings.kafka.commands_topic,
@@ -131,8 +135,6 @@ class Worker:
     # -- the main loop -----------------------------------------------------------
     def run(self) -> None:
         last_message = time.monotonic()
-        last_timers = 0.0
-        last_schedules = 0.0
         last_heartbeat = 0.0
         try:
             while not self._stop.is_set():
@@ -149,18 +151,10 @@ class Worker:
                     self._route(item.message, item.partition, item.offset)
                 self._start_recoveries()
                 now = time.monotonic()
-                if now - last_timers > 0.25:
-                    fired = self._fire_timers()
-                    if fired:
-                        # Their commands are to be read before this worker can
-                        # call itself idle (the source's end is as of its last poll).
-                        last_message = now
-                    if fired < BATCH:
-                        last_timers = now  # else more are due: again at once
-                if now - last_schedules > SCHEDULE_SECONDS:
-                    if self._fire_schedules():
-                        last_message = now  # their starts are to be read, as above
-                    last_schedules = now
+                if self._tend(now):
+                    # Their commands are to be read before this worker can call
+                    # itself idle (the source's end is as of its last poll).
+                    last_message = now
                 self._commit()
                 if self._fatal is not None:
                     raise self._fatal
@@ -174,6 +168,25 @@ class Worker:
                     return
         finally:
             self.close()
+
+    def _tend(self, now: float) -> bool:
+        """Fire due timers and schedules, let queued runs in; whether any command
+        was sent."""
+        sent = False
+        last = self._last
+        if now - last["timers"] > 0.25:
+            fired = self._fire_timers()
+            sent = fired > 0
+            if fired < BATCH:
+                last["timers"] = now  # else more are due: again at once
+        if now - last["schedules"] > SCHEDULE_SECONDS:
+            sent = self._fire_schedules() > 0 or sent
+            last["schedules"] = now
+        if self._released.is_set() or now - last["admitted"] > ADMIT_SECONDS:
+            self._released.clear()
+            sent = self._admit() > 0 or sent
+            last["admitted"] = now
+        return sent
 
     def stop(self) -> None:
         self._stop.set()
@@ -257,6 +270,25 @@ class Worker:
             return self.schedules.fire()
         except AppendError as e:  # the log is out of reach: crash-only (exit 4)
             raise Unavailable(f"cannot fire schedules: {e}") from e
+
+    def _admit(self) -> int:
+        """Give free places to queued runs (flow control); the number woken."""
+        flow = self.ctx.flow
+        if flow is None:
+            return 0
+        try:
+            return admit_queued(flow, self.log, self.agent.name, self.ctx.limits)
+        except AppendError as e:  # the log is out of reach: crash-only (exit 4)
+            raise Unavailable(f"cannot wake queued runs: {e}") from e
+
+    async def _release(self, loop: RunLoop) -> None:
+        """After an activation: a run that waits for something else, or ended,
+        gives its place back, and the next queued run is let in at once."""
+        flow = self.ctx.flow
+        if flow is None or not releases(loop.state):
+            return
+        await self.ctx.io(flow.release, loop.actor.run_id)
+        self._released.set()
 
     def _change_schedule(
         self, command: ChangeSchedule, partition: int, offset: int
@@ -396,6 +428,7 @@ class Worker:
             try:
                 loop = self.warm.take(actor) or await RunLoop.open(self.ctx, actor)
                 await loop.drive()
+                await self._release(loop)
                 self.warm.keep(loop)
             except FencedError as e:
                 # Another worker owns the partition now: stop writing, keep serving
