@@ -184,6 +184,41 @@ def bench_takeover_command(
     bench_takeover(paused, active, partitions, session_timeout, approvals, click.echo)
 
 
+@bench.command("flow")
+@click.option("--runs", type=int, default=1000, show_default=True)
+@click.option("--limit", type=int, default=10, show_default=True)
+@click.option(
+    "--high-every",
+    type=int,
+    default=10,
+    show_default=True,
+    help="Every n-th start has priority 1, the others 0 (0: all 0).",
+)
+@click.option("--partitions", type=int, default=4, show_default=True)
+@click.option(
+    "--kill/--no-kill",
+    default=True,
+    show_default=True,
+    help="SIGKILL one of the two workers once a third of the runs completed.",
+)
+def bench_flow_command(
+    runs: int, limit: int, high_every: int, partitions: int, kill: bool
+) -> None:
+    """Starts against a limit of active runs: the most active at once (from the
+    log and sampled), queue order, every run completed once, across a worker kill."""
+    from es_agents.lab.bench_flow import bench_flow  # noqa: PLC0415
+
+    summary = bench_flow(runs, limit, high_every, partitions, kill, click.echo)
+    broken = (
+        summary["completed"] != runs
+        or summary["started_twice"]
+        or int(str(summary["most_active_from_log"])) > limit
+        or int(str(summary["most_places_sampled"])) > limit
+    )
+    if broken:
+        raise SystemExit(1)
+
+
 @bench.command("growth")
 @click.option("--chat-steps", type=int, default=10_000, show_default=True)
 @click.option("--tool-calls", type=int, default=100, show_default=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -37,21 +38,24 @@ def worker(
     env: dict[str, str], agent: str, *more: str
 ) -> Iterator[subprocess.Popen[str]]:
     """A long-running worker process (``more``: its further options), stopped with
-    SIGTERM at the end."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "es_agents.cli", "worker", "--agent", agent, *more],
-        cwd=ROOT,
-        env=_env(**env),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        yield proc
-    finally:
-        proc.terminate()
-        _, err = proc.communicate(timeout=60)
-        assert proc.returncode == 0, err[-3000:]
+    SIGTERM at the end. Its log goes to a file (a pipe nobody reads while it runs
+    would fill up and stall it)."""
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "es_agents.cli", "worker", "--agent", agent, *more],
+            cwd=ROOT,
+            env=_env(**env),
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            text=True,
+        )
+        try:
+            yield proc
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+            err.seek(0)
+            assert proc.returncode == 0, err.read()[-3000:]
 
 
 def until(check: Callable[[], bool], seconds: float = 60, what: str = "") -> None:
