@@ -162,6 +162,7 @@ def _postgres_read_side(settings: Settings, db: Any, decode: Any) -> dict[str, A
     from es_agents.adapters.postgres_flow import PostgresFlow
     from es_agents.adapters.postgres_keys import PostgresKeyring
     from es_agents.adapters.postgres_projections import PostgresProjections
+    from es_agents.adapters.postgres_rates import PostgresModelRates
     from es_agents.adapters.postgres_schedules import PostgresSchedules
     from es_agents.adapters.postgres_vault import PostgresVault
 
@@ -176,6 +177,7 @@ def _postgres_read_side(settings: Settings, db: Any, decode: Any) -> dict[str, A
         "timers": PostgresTimers(db),
         "schedules": PostgresSchedules(db, kafka.topic_prefix),
         "flow": PostgresFlow(db, kafka.topic_prefix),
+        "rates": PostgresModelRates(db, kafka.topic_prefix),
         "book": PostgresCommandBook(db, kafka.topic_prefix),
     }
 
@@ -304,6 +306,7 @@ def _memory(settings: Settings) -> dict[str, Any]:
     )
     from es_agents.adapters.memory_flow import MemoryFlow
     from es_agents.adapters.memory_log import MemoryBroker
+    from es_agents.adapters.memory_rates import MemoryModelRates
     from es_agents.approvals import MemoryKeyring
     from es_agents.vault import MemoryVault
 
@@ -315,6 +318,7 @@ def _memory(settings: Settings) -> dict[str, Any]:
             "timers": MemoryTimers(),
             "schedules": MemorySchedules(),
             "flow": MemoryFlow(),
+            "rates": MemoryModelRates(),
             "book": MemoryCommandBook(),
             "blobs": InMemoryBlobStore(),
             "keyring": MemoryKeyring(),
@@ -369,6 +373,7 @@ def _memory_ports(settings: Settings, restore: Any) -> Ports:
         timers=shared["timers"],
         schedules=shared["schedules"],
         flow=shared["flow"],
+        rates=shared["rates"],
         book=shared["book"],
         keyring=shared["keyring"],
         vault=shared["vault"],

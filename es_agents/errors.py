@@ -87,6 +87,11 @@ class RunError(EsAgentsError):
         self.kind = kind
 
 
+class RateLimited(Unavailable):
+    """The model said 429 (too many requests): wait ``retry_after`` seconds (when it
+    said) -- a turn to wait for, not a failure of the call."""
+
+
 class ModelError(EsAgentsError):
     """The model refused the request (a 4xx other than 408/429): retrying the same
     request cannot help."""

@@ -28,7 +28,7 @@ from es_agents.core.step import (
     request_hash,
 )
 from es_agents.core.transcript import canonical_bytes
-from es_agents.errors import ModelError, RetryableToolError, Unavailable
+from es_agents.errors import ModelError, RateLimited, RetryableToolError, Unavailable
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,9 @@ def status_error(
         if isinstance(error, dict) and "message" in error:
             message = str(error["message"])[:500]
     detail = f"model {model_id}: HTTP {status}: {message}"
-    if status in (408, 409, 429) or status >= 500:
+    if status == 429:
+        return RateLimited(detail, retry_after_seconds(response))
+    if status in (408, 409) or status >= 500:
         return Unavailable(detail, retry_after_seconds(response))
     return ModelError(detail)
 

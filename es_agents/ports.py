@@ -20,6 +20,7 @@ from es_agents.core.commands import Command, ForkRun, StartRun
 from es_agents.core.epochs import StartFloors
 from es_agents.core.events import Event
 from es_agents.core.flow import Limits, Queued
+from es_agents.core.rates import ModelRate
 from es_agents.core.schedules import Schedule
 from es_agents.core.state import RunState
 from es_agents.observability import NoTelemetry, NoTracer, Telemetry, Tracer
@@ -363,6 +364,25 @@ class Flow(Protocol):
         ...
 
 
+class ModelRates(Protocol):
+    """The models' rate limits, counted for every worker of a topic prefix
+    (``core.rates``), by the store's clock."""
+
+    def take(self, model_id: str, rate: ModelRate) -> float:
+        """One request of ``model_id``: 0.0 when it may go now (it is counted),
+        else the seconds to wait before asking again (nothing was counted)."""
+        ...
+
+    def spend(self, model_id: str, tokens: int) -> None:
+        """Count the tokens an answer used in the current window."""
+        ...
+
+    def cool_down(self, model_id: str, seconds: float) -> None:
+        """No request of ``model_id`` for ``seconds`` (a 429's ``Retry-After``),
+        from any worker."""
+        ...
+
+
 VerdictStatus = Literal["sent", "applied", "refused"]
 
 
@@ -632,6 +652,8 @@ class Ports:
     schedules: Schedules | None = None
     # Places of active runs and the queue for them (None: this store has none).
     flow: Flow | None = None
+    # The models' shared rate limits (None: this store keeps none).
+    rates: ModelRates | None = None
     # The writer keys (``core.authorship``), read after the migrations ran.
     writer_keys: Callable[[], Authenticator | None] = lambda: None
 

@@ -226,6 +226,13 @@ class ModelPrice(BaseModel):
         return (prompt_tokens * self.input + completion_tokens * self.output) / 1e6
 
 
+class ModelRateLimit(BaseModel):
+    """A model's limits over all workers of the topic prefix, per minute."""
+
+    requests_per_minute: int | None = Field(default=None, ge=1)
+    tokens_per_minute: int | None = Field(default=None, ge=1)
+
+
 class Settings(BaseSettings):
     """Everything a worker, projector or CLI command needs."""
 
@@ -299,6 +306,13 @@ class Settings(BaseSettings):
         description="A worker keeps the loaded state of this many runs that last "
         "paused in it: their next command skips the load while the worker still "
         "owns their partition (0: every activation loads)",
+    )
+    model_rate_limits: dict[str, ModelRateLimit] = Field(
+        default_factory=dict,
+        description='Per model id, its limits over all workers: JSON like {"gpt-4o": '
+        '{"requests_per_minute": 500, "tokens_per_minute": 30000}}; a call waits for '
+        "its turn (and every worker waits out a 429's Retry-After) without spending "
+        "the run's retries",
     )
     prices: dict[str, ModelPrice] = Field(
         default_factory=dict,

@@ -16,6 +16,7 @@ from es_agents.approvals import Approvals, policies_of
 from es_agents.core.commands import Command
 from es_agents.core.events import Event
 from es_agents.core.flow import NO_LIMITS, InvalidLimits, Limits
+from es_agents.core.rates import ModelRate
 from es_agents.core.state import RunState, Versions
 from es_agents.core.versions import StateMigration, VersionPolicy
 from es_agents.dead_letters import DeadLetterQueue
@@ -28,6 +29,7 @@ from es_agents.ports import (
     EffectLedger,
     EventLog,
     Flow,
+    ModelRates,
     Ports,
     Probe,
     Timers,
@@ -116,6 +118,11 @@ class RunContext:
     # places and queue that hold them to it (None: no limits).
     limits: Limits = NO_LIMITS
     flow: Flow | None = None
+    # Per model id, its limits over the cluster's workers (ES_AGENTS_MODEL_RATE_
+    # LIMITS), and the counts that hold them (core.rates); a 429's Retry-After is
+    # kept there too, for every worker.
+    rate_limits: Mapping[str, ModelRate] = field(default_factory=dict)
+    rates: ModelRates | None = None
 
     def cost(self, state: RunState) -> float | None:
         """What the run's model calls cost so far (None: its model has no price)."""
@@ -214,6 +221,11 @@ def run_context(
         prices=settings.prices,
         limits=limits,
         flow=ports.flow if limits.limited else None,
+        rate_limits={
+            model_id: ModelRate(r.requests_per_minute, r.tokens_per_minute)
+            for model_id, r in settings.model_rate_limits.items()
+        },
+        rates=ports.rates,
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from functools import partial
 from typing import Any
 
 from es_agents.core.events import ModelCallRequested, ModelResponded
@@ -23,6 +24,7 @@ from es_agents.core.transcript import Conversation
 from es_agents.errors import (
     ConfigError,
     ModelError,
+    RateLimited,
     RetryableToolError,
     RunError,
     Unavailable,
@@ -30,6 +32,7 @@ from es_agents.errors import (
 from es_agents.models import Completion, ModelClient
 from es_agents.ports import Delta, DeltaKind, Deltas
 from es_agents.retry import aretrying
+from es_agents.runtime import pacing
 from es_agents.runtime.context import Stepping
 
 log = logging.getLogger(__name__)
@@ -63,7 +66,14 @@ async def call_model(
             await _request(loop, state, step, model.model_id, number)
             await _read_conversation(loop, step)
             with tried:
-                completion = await _timed(loop, model, step, call)
+                try:
+                    completion = await pacing.in_turn(
+                        loop.ctx,
+                        model.model_id,
+                        partial(_timed, loop, model, step, call),
+                    )
+                except RateLimited as e:  # 429s for longer than pacing's patience
+                    raise _ModelUnavailable(str(e)) from e
     except _ModelUnavailable as e:
         raise RunError(
             "model_unavailable", f"{e} (gave up after {MODEL_TRIES} tries)"
@@ -137,6 +147,8 @@ async def _complete(
     caller; a refusal or a client bug ends the run (``model_error``)."""
     try:
         completion = await _ask(loop, model, step, call)
+    except RateLimited:
+        raise  # a turn to wait for (``pacing``), not a failure of the call
     except Unavailable as e:
         log.warning("run %s: model call failed (%s)", loop.actor.run_id, e)
         raise _ModelUnavailable(str(e)) from e
