@@ -1,7 +1,8 @@
 """The research agent's whole loop on each real model wire format (local servers
-that validate every request with the SDK's own types): tool calls, a 429 retried
-after its Retry-After, the approval gate, a worker SIGKILLed after the ticket was
-created, and reconciliation by key — one ticket, and every model call in the log."""
+that validate every request with the SDK's own types): tool calls, a 429 waited out
+(its Retry-After) and the same request made again, the approval gate, a worker
+SIGKILLed after the ticket was created, and reconciliation by key -- one ticket,
+and every model call in the log."""
 
 from __future__ import annotations
 
@@ -57,9 +58,13 @@ def test_the_research_loop_on_a_real_wire(
         assert ticket_stats(tickets_url, run.run_id)["tickets"] == 1
         assert server.rejected == []
         requested = [e for e in events if isinstance(e, ModelCallRequested)]
-        # Every call the server saw is in the log, the 429 included; none re-billed.
-        assert len(server.requests) == len(requested) == 4
-        assert [e.attempt for e in requested[:2]] == [1, 2]
+        # Every call the model took is in the log, none re-billed; the 429 (a call
+        # it did not take) was waited out and made again as the same request,
+        # without a new attempt or a spent retry.
+        assert len(server.requests) == 4
+        assert server.requests[0] == server.requests[1]
+        assert len(requested) == 3
+        assert [e.attempt for e in requested] == [1, 1, 1]
         responded = [e for e in events if isinstance(e, ModelResponded)]
         assert len(responded) == 3
         assert {e.model_id for e in responded} == {"served-model-1"}

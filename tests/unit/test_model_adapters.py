@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from es_agents.adapters.anthropic_model import AnthropicModel, to_anthropic
 from es_agents.adapters.openai_model import OpenAIChatModel, to_openai_messages
 from es_agents.core.events import ToolCall
-from es_agents.errors import ModelError, RetryableToolError, Unavailable
+from es_agents.errors import ModelError, RateLimited, RetryableToolError, Unavailable
 from es_agents.models import Completion, ModelClient, call, reply
 from es_agents.retry import retrying
 from es_agents.tools import ToolContext, tool
@@ -115,7 +115,7 @@ def test_failures_map_to_what_the_runtime_does(
 ) -> None:
     server, model = served
     server.fail_next(Fault(429, {"Retry-After": "2"}))
-    with pytest.raises(Unavailable) as limited:
+    with pytest.raises(RateLimited) as limited:
         model.complete(TRANSCRIPT, {}, TOOLS)
     assert limited.value.retry_after == 2.0
     server.fail_next(Fault(500))
@@ -258,7 +258,7 @@ def test_the_async_client_speaks_the_same_wire(wire: str) -> None:
             second = await model.acomplete(transcript[:4], {}, TOOLS)
             assert [c.call_id for c in second.tool_calls] == ["c1", "c2"]
             server.fail_next(Fault(429, {"Retry-After": "2"}))
-            with pytest.raises(Unavailable) as limited:
+            with pytest.raises(RateLimited) as limited:
                 await model.acomplete(transcript, {}, TOOLS)
             assert limited.value.retry_after == 2.0
             server.fail_next(Fault(400))
