@@ -11,7 +11,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import psycopg
@@ -85,9 +84,38 @@ def _write_interleaved(
     return logs
 
 
-def _project(settings: Settings) -> int:
+def _project(settings: Settings, within: float = 150) -> int:
+    """A projector until it caught up; the events it projected. One that has not
+    within ``within`` seconds is stopped and the test fails, saying where it was
+    (never a test that waits for ever)."""
     projector = build_projector(settings, batch_size=97)
-    projector.run(until_caught_up=True, idle_seconds=0.3)
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            projector.run(until_caught_up=True, idle_seconds=0.3)
+        except BaseException as e:
+            failed.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(within)
+    if thread.is_alive():
+        source: Any = projector.source
+        consumer = getattr(source, "_consumer", None)
+        where = {
+            "projected": projector.projected,
+            "assigned": [tp.partition for tp in consumer.assignment()]
+            if consumer is not None
+            else None,
+            "at_end": sorted(getattr(source, "_at_end", ())),
+            "sessions": server_sessions(settings.database_url.get_secret_value()),
+        }
+        projector.stop()
+        thread.join(30)
+        pytest.fail(f"the projector did not catch up within {within} s: {where}")
+    if failed:
+        raise failed[0]
     return projector.projected
 
 
@@ -483,15 +511,12 @@ def test_a_projector_stalled_mid_batch_does_not_stop_the_next(
     assert _project(settings) == sum(len(v) for v in first.values())
     more = _write_interleaved(kafka, runs=3, seed=32)
     stalled = stalled_session(fresh_db, "SELECT * FROM projector_offsets FOR UPDATE")
-    pool = ThreadPoolExecutor(max_workers=1)
     try:
-        projected = pool.submit(_project, settings)
-        # Bounded: a projector that waits for the lock waits forever.
-        assert projected.result(timeout=120) == sum(len(v) for v in more.values())
+        # Bounded: a projector that waits for the lock would wait forever.
+        assert _project(settings, within=120) == sum(len(v) for v in more.values())
         assert stalled.info.backend_pid not in server_sessions(fresh_db)
     finally:
-        stalled.close()  # its locks go: a projector still waiting finishes
-        pool.shutdown(wait=True)
+        stalled.close()
     with psycopg.connect(fresh_db) as conn:
         for run_id, events in more.items():
             row = conn.execute(
