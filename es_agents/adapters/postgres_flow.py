@@ -60,8 +60,8 @@ class PostgresFlow:
             ).fetchone():
                 return False  # a run queued before it goes first
             conn.execute(
-                "INSERT INTO flow_places (topic_prefix, run_id, agent, tenant) "
-                "VALUES (%s, %s, %s, %s)",
+                "INSERT INTO flow_places (topic_prefix, run_id, agent, tenant, since) "
+                "VALUES (%s, %s, %s, %s, clock_timestamp())",
                 (p, run_id, agent, tenant),
             )
             conn.execute(
@@ -135,8 +135,9 @@ class PostgresFlow:
                 return []
             with conn.cursor() as cur:
                 cur.executemany(
-                    "INSERT INTO flow_places (topic_prefix, run_id, agent, tenant) "
-                    "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    "INSERT INTO flow_places (topic_prefix, run_id, agent, tenant, "
+                    "since) VALUES (%s, %s, %s, %s, clock_timestamp()) "
+                    "ON CONFLICT DO NOTHING",
                     [(p, q.run_id, agent, q.tenant) for q in chosen],
                 )
             conn.execute(
