@@ -86,6 +86,10 @@ def test_models_round_trip_where_values_are_valid(
             record.pop(key)
     if "at_seq" in record:  # a fork's seq, like an event's
         record["at_seq"] = abs(int(str(record["at_seq"]))) % 2**63
+    if "priority" in record:  # a start's priority is bounded
+        record["priority"] = int(str(record["priority"])) % 1_000_001
+    if record.get("tenant") == "" or len(str(record.get("tenant") or "")) > 200:
+        record["tenant"] = "tenant"  # a tenant is 1 to 200 characters
     for key in ("run_id", "command_id", "origin_run"):  # ids must not be empty
         if key in record and not record[key]:
             record[key] = "id"
