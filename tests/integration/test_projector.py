@@ -88,12 +88,13 @@ def _project(settings: Settings, within: float = 150) -> int:
     """A projector until it caught up; the events it projected. One that has not
     within ``within`` seconds is stopped and the test fails, saying where it was
     (never a test that waits for ever)."""
-    projector = build_projector(settings, batch_size=97)
+    built: list[Any] = []
     failed: list[BaseException] = []
 
     def run() -> None:
         try:
-            projector.run(until_caught_up=True, idle_seconds=0.3)
+            built.append(build_projector(settings, batch_size=97))
+            built[0].run(until_caught_up=True, idle_seconds=0.3)
         except BaseException as e:
             failed.append(e)
 
@@ -101,6 +102,9 @@ def _project(settings: Settings, within: float = 150) -> int:
     thread.start()
     thread.join(within)
     if thread.is_alive():
+        if not built:
+            pytest.fail(f"the projector was not even built within {within} s")
+        projector = built[0]
         source: Any = projector.source
         consumer = getattr(source, "_consumer", None)
         where = {
@@ -116,7 +120,7 @@ def _project(settings: Settings, within: float = 150) -> int:
         pytest.fail(f"the projector did not catch up within {within} s: {where}")
     if failed:
         raise failed[0]
-    return projector.projected
+    return int(built[0].projected)
 
 
 def _tables(db: str) -> dict[str, list[tuple[Any, ...]]]:
@@ -498,6 +502,11 @@ def test_rebuild_projects_the_whole_log_again(
     assert _tables(fresh_db)["runs"] == before["runs"]  # nothing emptied
 
 
+# Alone, after the parallel tests: under their load (three test processes) this
+# test waited past the 600 s limit in two CI runs, each time after ~700 others,
+# while alone and four at once beside two CPU hogs it takes 11-17 s. Its projectors
+# are bounded, so when it hangs again here pytest-timeout's stacks say where.
+@pytest.mark.serial
 def test_a_projector_stalled_mid_batch_does_not_stop_the_next(
     kafka_settings: KafkaSettings, fresh_db: str
 ) -> None:
