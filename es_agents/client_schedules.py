@@ -7,16 +7,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Literal
+from typing import Literal, Protocol
 
 from es_agents.client_types import CommandResult, as_json
-from es_agents.core.commands import ChangeSchedule
+from es_agents.core.commands import ChangeSchedule, Command
 from es_agents.core.schedules import InvalidSchedule, Schedule, key_for
 from es_agents.errors import InvalidInput, NotFound
-from es_agents.ports import ScheduleRow
+from es_agents.ports import Ports, ScheduleRow
 
-if TYPE_CHECKING:
-    from es_agents.client import Client
+
+class Sender(Protocol):
+    """What the schedules need of ``Client``: its ports, and its checked sends."""
+
+    @property
+    def ports(self) -> Ports: ...
+
+    def _plain_to_encrypted(self, agent: str) -> str | None: ...
+
+    def _deliver(self, command: Command, agent: str, wait: float) -> CommandResult: ...
+
 
 Missed = Literal["skip", "one", "all"]
 
@@ -51,7 +60,7 @@ def parse_every(text: str) -> int:
 
 
 class ScheduleClient:
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Sender) -> None:
         self._client = client
 
     def set(
