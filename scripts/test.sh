@@ -47,6 +47,9 @@ $BIN/es-agents dev up
 # stops a shared service is marked serial and runs alone afterwards.
 # The browser test saves the web UI's pages into the tutorials' screenshots.
 export ES_AGENTS_UI_SCREENSHOTS="${ES_AGENTS_UI_SCREENSHOTS:-$PWD/docs/screenshots}"
+# A test stuck past 540 s leaves its threads' stacks here (tests/conftest.py).
+export ES_AGENTS_TEST_STACKS="$PWD/.test-stacks"
+rm -rf "$ES_AGENTS_TEST_STACKS"
 echo "== tests ($(date +%T))"
 status=0
 $BIN/python -m pytest -p no:cacheprovider -o console_output_style=classic --durations=15 \
@@ -55,6 +58,9 @@ echo "== tests that stop a shared service, alone ($(date +%T))"
 $BIN/python -m pytest -p no:cacheprovider -o console_output_style=classic \
   -m serial tests "$@" || status=$?
 if [ "$status" != 0 ]; then
+  for stuck in "$ES_AGENTS_TEST_STACKS"/*.txt; do
+    [ -e "$stuck" ] && { echo "== stuck: $stuck"; cat "$stuck"; }
+  done
   echo "tests failed (exit $status)"
   exit "$status"
 fi

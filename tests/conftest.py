@@ -7,10 +7,13 @@ A missing service fails the session; nothing is skipped.
 from __future__ import annotations
 
 import base64
+import faulthandler
 import hashlib
 import os
+import tempfile
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +27,35 @@ SESSION = uuid.uuid4().hex[:8]
 # of the default -- the key kept in Postgres -- remove it from their environment.
 WRITER_KEY = base64.b64encode(os.urandom(32)).decode()
 os.environ.setdefault("ES_AGENTS_WRITER_KEY", WRITER_KEY)
+
+
+# Where a test still running after STUCK_AFTER seconds leaves every thread's stack
+# (pytest-timeout ends it at 600 s; under pytest-xdist the stacks it prints are lost
+# with the worker process). A file left here names a test that was stuck.
+STACKS = Path(
+    os.environ.get("ES_AGENTS_TEST_STACKS")
+    or Path(tempfile.gettempdir()) / "es-agents-test-stacks"
+)
+STUCK_AFTER = 540
+
+
+@pytest.fixture(autouse=True)
+def stacks_if_stuck(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Every thread's stack written to a file (faulthandler's own thread, so even a
+    thread holding the GIL cannot stop it) when the test runs past STUCK_AFTER; the
+    file is removed when the test ends in time."""
+    STACKS.mkdir(parents=True, exist_ok=True)
+    name = request.node.nodeid.replace("/", "_").replace("::", "--")[-150:]
+    path = STACKS / f"{os.getpid()}-{name}.txt"
+    with path.open("w") as out:
+        out.write(f"{request.node.nodeid}: still running after {STUCK_AFTER} s\n")
+        out.flush()
+        faulthandler.dump_traceback_later(STUCK_AFTER, file=out)
+        try:
+            yield
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+    path.unlink(missing_ok=True)
 
 
 @pytest.fixture(autouse=True)

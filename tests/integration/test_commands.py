@@ -51,6 +51,12 @@ def worker(
         )
         try:
             yield proc
+        except BaseException:
+            # The test failed while the worker ran: its log goes with the failure.
+            err.flush()
+            err.seek(0)
+            print(f"worker {agent} log:\n{err.read()[-6000:]}", file=sys.stderr)
+            raise
         finally:
             proc.terminate()
             proc.wait(timeout=60)
@@ -58,11 +64,18 @@ def worker(
             assert proc.returncode == 0, err.read()[-3000:]
 
 
-def until(check: Callable[[], bool], seconds: float = 60, what: str = "") -> None:
+def until(
+    check: Callable[[], bool],
+    seconds: float = 60,
+    what: str | Callable[[], str] = "",
+) -> None:
+    """Wait for ``check`` until a deadline; ``what`` (or what it returns, asked
+    at the deadline) says in the failure what was waited for and what was seen."""
     deadline = time.monotonic() + seconds
     while not check():
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {seconds} s: {what}")
+            said = what() if callable(what) else what
+            raise AssertionError(f"not within {seconds} s: {said}")
         time.sleep(0.1)
 
 

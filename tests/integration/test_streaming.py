@@ -72,8 +72,14 @@ def test_a_streamed_answer_reaches_a_follower_whole(
                     cwd=ROOT, env=_env(**env, PYTHONUNBUFFERED="1"),
                     stdout=out_file, text=True,
                 )  # fmt: skip
-                until(lambda: "model_call_requested" in output.read_text(),
-                      what="show following the call in flight")  # fmt: skip
+                until(
+                    lambda: "model_call_requested" in output.read_text(),
+                    what=lambda: (
+                        "show following the call in flight: "
+                        f"{output.read_text()[-2000:]!r}, {len(server.requests)} "
+                        f"model requests, show exited {shown.poll()}"
+                    ),
+                )
                 server.gate.set()
                 client.wait(run.run_id, timeout=60)
                 watcher.join(60)
