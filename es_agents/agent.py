@@ -408,7 +408,7 @@ def load_agent(spec: str) -> Agent:
 def running_versions(agent: Any) -> Versions:
     """What ``agent``'s code is, as the version gate compares it with what a run
     started under (``run_started`` records the same)."""
-    from es_agents.core.snapshot import REDUCER_VERSION  # noqa: PLC0415
+    from es_agents.core.reducer import reducer_version  # noqa: PLC0415
 
     declared = agent.versions()
     return Versions(
@@ -417,7 +417,7 @@ def running_versions(agent: Any) -> Versions:
         prompt_hash=str(declared.get("prompt_hash", "")),
         model_id=str(declared.get("model_id", "")),
         tools_hash=str(declared.get("tools_hash", "")),
-        reducer_version=REDUCER_VERSION,
+        reducer_version=reducer_version(),
     )
 
 

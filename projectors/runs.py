@@ -48,12 +48,9 @@ from es_agents.core.events import (
     RunFailed,
 )
 from es_agents.core.fold import fold
+from es_agents.core.reducer import reducer_version
 from es_agents.core.run_row import RUN_COLUMNS, run_row
-from es_agents.core.snapshot import (
-    REDUCER_VERSION,
-    to_snapshot,
-    transcript_chunks,
-)
+from es_agents.core.snapshot import to_snapshot, transcript_chunks
 from es_agents.core.state import RunState
 from es_agents.core.transcript import CHUNK
 from es_agents.dead_letters import DeadLetterQueue
@@ -414,7 +411,7 @@ class Projector:
         if auth is not None:  # over the state as the JSON column gives it back
             signed = snapshot_bytes(run_id, state.seq, head, json.loads(text))
             mac = mac_of(auth.header(signed))
-        batch.snapshots.append((run_id, state.seq, REDUCER_VERSION, *at, text, mac))
+        batch.snapshots.append((run_id, state.seq, reducer_version(), *at, text, mac))
         batch.latest[run_id] = state.seq
 
     def _dead(self, batch: Batch, msg: Record, reason: str) -> None:

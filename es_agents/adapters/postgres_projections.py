@@ -19,9 +19,9 @@ from es_agents.core.authorship import (
 from es_agents.core.chain import GENESIS, digest
 from es_agents.core.events import Event
 from es_agents.core.fold import fold
+from es_agents.core.reducer import reducer_version
 from es_agents.core.run_row import RUN_COLUMNS
 from es_agents.core.snapshot import (
-    REDUCER_VERSION,
     chunks_needed,
     from_snapshot,
     to_snapshot,
@@ -97,7 +97,7 @@ def load_projected(
         _LOAD,
         {
             "run": run_id,
-            "reducer": REDUCER_VERSION,
+            "reducer": reducer_version(),
             "chunk": CHUNK,
             "last": 1 if read_chunks is not None else 2**31 - 1,
             "group": group,
@@ -394,7 +394,7 @@ class PostgresProjections:
             row = conn.execute(
                 "SELECT seq, state FROM run_snapshots WHERE run_id = %s "
                 "AND reducer_version = %s ORDER BY seq DESC LIMIT 1",
-                (run_id, REDUCER_VERSION),
+                (run_id, reducer_version()),
             ).fetchone()
             if row is None:
                 return None
@@ -430,7 +430,7 @@ class PostgresProjections:
                 "SELECT DISTINCT ON (run_id) run_id, seq, state FROM run_snapshots "
                 "WHERE starts_with(run_id, %s) AND reducer_version = %s "
                 "ORDER BY run_id, seq DESC",
-                (run_prefix, REDUCER_VERSION),
+                (run_prefix, reducer_version()),
             ).fetchall()
         return {str(r[0]): (int(r[1]), r[2]) for r in rows}
 

@@ -219,6 +219,22 @@ def bench_flow_command(
         raise SystemExit(1)
 
 
+@bench.command("upgrade")
+@click.option("--runs", type=int, default=10_000, show_default=True)
+@click.option("--length", type=int, default=10, show_default=True,
+              help="Events of each run.")  # fmt: skip
+@click.option("--partitions", type=int, default=4, show_default=True)
+def bench_upgrade_command(runs: int, length: int, partitions: int) -> None:
+    """`upgrade check` over many paused runs: with the code that started them and
+    with a fold rule changed (exit 1 unless the first passes every run and the
+    second names every run)."""
+    from es_agents.lab.bench_upgrade import bench_upgrade  # noqa: PLC0415
+
+    summary = bench_upgrade(runs, length, partitions, click.echo)
+    if summary["differ_same_code"] or summary["differ_changed_fold"] != runs:
+        raise SystemExit(1)
+
+
 @bench.command("growth")
 @click.option("--chat-steps", type=int, default=10_000, show_default=True)
 @click.option("--tool-calls", type=int, default=100, show_default=True)

@@ -8,11 +8,15 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 import click
 
 from es_agents.cli.base import EXIT_REFUSED, cli, emit, machine, output_option, table
 from es_agents.cli.commands import client
+
+if TYPE_CHECKING:
+    from es_agents.upgrade import RunVerdict
 
 
 @cli.group()
@@ -72,5 +76,22 @@ def upgrade_check(agent_spec: str, limit: int) -> None:
             f"{len(failing)} would not go on as they are",
             err=True,
         )
+        if failing and all(_only_the_reducer(v) for v in failing):
+            click.echo(
+                "only the reducer version changed, and every run folds as "
+                "projected: the fold's code changed but not what it does for these "
+                "runs; VersionPolicy(reducer_version='allow') lets them go on",
+                err=True,
+            )
     if failing:
         sys.exit(EXIT_REFUSED)
+
+
+def _only_the_reducer(verdict: RunVerdict) -> bool:
+    """Refused for the reducer version alone, with a fold that agrees."""
+    return (
+        verdict.decision == "refuse"
+        and verdict.differs is None
+        and set(verdict.changed) - {"code_revision", "prompt_hash", "model_id"}
+        == {"reducer_version"}
+    )

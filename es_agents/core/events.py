@@ -15,6 +15,8 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from es_agents.core.reducer import reducer_version as running_reducer
+
 # Event ids: random UUIDs (version 4) from a generator seeded by the OS once per
 # process (and again in a forked child), not a system call per id -- uuid4()'s
 # os.urandom was a tenth of a worker's CPU per step on a busy machine.
@@ -88,7 +90,9 @@ class RunStarted(Event):
     prompt_hash: str = ""
     model_id: str = ""
     tools_hash: str = ""
-    reducer_version: int = 1
+    # The fold's rules the run started under; built here without one: the
+    # running code's (records written without the field decode to 1).
+    reducer_version: int = Field(default_factory=running_reducer)
     # A child run: the run that started it, and the tool call it answers.
     parent_run_id: str | None = None
     parent_call_id: str | None = None

@@ -1,7 +1,7 @@
 """A run's state as JSON and back: what ``run_snapshots`` stores.
 
-``REDUCER_VERSION`` names the fold's rules; a snapshot written under other rules is
-not used (the run is folded from its events instead).
+The reducer version (``core/reducer.py``) names the fold's rules; a snapshot
+written under other rules is not used (the run is folded from its events instead).
 
 The transcript is the one part of a run's state that grows with the run, and the
 fold only ever appends to it. So the projector stores it apart, in chunks of
@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import JsonValue
 
 from es_agents.core.events import ToolCall
+from es_agents.core.reducer import reducer_version
 from es_agents.core.state import (
     LastResume,
     PendingModelCall,
@@ -31,8 +32,6 @@ from es_agents.core.state import (
     Waiting,
 )
 from es_agents.core.transcript import CHUNK, ChunkLoader, Message, Transcript
-
-REDUCER_VERSION = 1
 
 
 def transcript_chunks(
@@ -88,7 +87,7 @@ def to_snapshot(state: RunState, inline: bool = True) -> dict[str, JsonValue]:
             "wake_at": _time(state.waiting.wake_at),
         }
     return {
-        "reducer_version": REDUCER_VERSION,
+        "reducer_version": reducer_version(),
         "run_id": state.run_id,
         "agent": state.agent,
         "input_json": state.input_json,

@@ -1,7 +1,7 @@
 """`es-agents upgrade check` on the real stack: runs paused under the code of today,
 checked against the code about to ship -- the same code, a new prompt (allowed and
 recorded), a new agent version with and without its migration, new tool schemas
-(refused) -- and a fold that no longer matches the projection."""
+(refused), a fold rule changed -- and a projection that no longer matches the fold."""
 
 from __future__ import annotations
 
@@ -30,9 +30,8 @@ def own_db(dev_stack: DevStack, env: dict[str, str]) -> Iterator[dict[str, str]]
 
 
 def _check(env: dict[str, str], agent: str, code: int) -> dict[str, object]:
-    done = cli(
-        env, "upgrade", "check", "--agent", f"tests.agents:{agent}", "-o", "json"
-    )
+    spec = agent if ":" in agent else f"tests.agents:{agent}"
+    done = cli(env, "upgrade", "check", "--agent", spec, "-o", "json")
     assert done.returncode == code, (done.stdout[-2000:], done.stderr[-2000:])
     report = json.loads(done.stdout)
     assert isinstance(report, dict)
@@ -63,6 +62,12 @@ def test_the_check_says_what_new_code_would_do_with_runs_in_flight(
     assert refused["failing"] == 2
     assert "tools_hash" in json.dumps(refused["verdicts"])
     assert _check(env, "gated_v2", 1)["decisions"] == {"refuse": 2}  # no migration
+    # A fold rule changed where the reducer version does not see it (patched at
+    # import): the version gate lets the runs go on, the fold tells them apart.
+    changed = _check(env, "tests.changed_fold:gated", 1)
+    assert changed["decisions"] == {"same": 2}
+    assert changed["failing"] == 2
+    assert all("prompt_tokens" in str(v["differs"]) for v in changed["verdicts"])  # type: ignore[attr-defined]
     # A fold that says otherwise than the projection (here: the projection edited,
     # as a changed fold rule would leave it) fails the check, naming the run.
     with psycopg.connect(env["ES_AGENTS_DATABASE_URL"], autocommit=True) as conn:
