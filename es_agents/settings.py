@@ -300,6 +300,13 @@ class Settings(BaseSettings):
         description="At most this many runs of one tenant take steps at once "
         "(replaces the agent's limits.max_active_per_tenant)",
     )
+    tenant_limits: dict[str, int] = Field(
+        default_factory=dict,
+        description="Named tenants' own limits of active runs, as JSON "
+        '(\'{"acme": 20, "trial": 2}\'); a tenant not named here has '
+        "max_active_per_tenant (added to the agent's limits.tenants, replacing "
+        "the same names)",
+    )
     warm_runs: int = Field(
         default=128,
         ge=0,

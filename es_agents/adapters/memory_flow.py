@@ -33,7 +33,7 @@ class MemoryFlow:
             if run_id in self._places:
                 return True
             held = self._held(agent)
-            if not may_take(limits, sum(held.values()), held[tenant]):
+            if not may_take(limits, sum(held.values()), held[tenant], tenant):
                 return False
             if ahead(self._queued(agent), run_id, priority):
                 return False

@@ -49,7 +49,7 @@ class PostgresFlow:
             ).fetchone():
                 return True
             held = self._held(conn, agent)
-            if not may_take(limits, sum(held.values()), held.get(tenant, 0)):
+            if not may_take(limits, sum(held.values()), held.get(tenant, 0), tenant):
                 return False
             if conn.execute(
                 "SELECT 1 FROM flow_queue q WHERE q.topic_prefix = %s "

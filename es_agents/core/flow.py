@@ -4,8 +4,9 @@ next when a place frees.
 An *active* run is one taking steps. A run that waits -- for a person, a timer, a
 message -- is a row and holds no place; when it is woken it needs a place again.
 An agent's ``Limits`` bound its active runs in all (``max_active``) and per tenant
-(``max_active_per_tenant``; a run's tenant is given at its start, and runs started
-without one share the tenant ``None``).
+(``max_active_per_tenant``, or a named tenant's own limit in ``tenants``; a run's
+tenant is given at its start, and runs started without one share the tenant
+``None``).
 
 A run that finds no place waits with the reason ``queued``: a pause like any
 other, in its log, with its tenant and priority in the detail. The places and the
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 QUEUED = "queued"  # the waiting reason of a run that waits for a place
@@ -32,25 +33,45 @@ class InvalidLimits(ValueError):
     pass
 
 
+def _whole(name: str, value: object) -> None:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or value < 1
+    ):
+        raise InvalidLimits(f"{name} must be a whole number ≥ 1, not {value!r}")
+
+
 @dataclass(frozen=True)
 class Limits:
     """At most ``max_active`` runs of the agent take steps at once, at most
-    ``max_active_per_tenant`` of one tenant; None: no such limit."""
+    ``max_active_per_tenant`` of one tenant -- or, for a tenant named in
+    ``tenants``, its own number; None: no such limit."""
 
     max_active: int | None = None
     max_active_per_tenant: int | None = None
+    tenants: Mapping[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("max_active", "max_active_per_tenant"):
-            value = getattr(self, name)
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
-            ):
-                raise InvalidLimits(f"{name} must be a whole number ≥ 1, not {value!r}")
+            _whole(name, getattr(self, name))
+        if not isinstance(self.tenants, Mapping):
+            raise InvalidLimits(f"tenants must map tenant to limit: {self.tenants!r}")
+        for tenant, value in self.tenants.items():
+            check_tenant(tenant)
+            _whole(f"the limit of tenant {tenant!r}", value)
 
     @property
     def limited(self) -> bool:
-        return self.max_active is not None or self.max_active_per_tenant is not None
+        return (
+            self.max_active is not None
+            or self.max_active_per_tenant is not None
+            or bool(self.tenants)
+        )
+
+    def of_tenant(self, tenant: str | None) -> int | None:
+        """How many runs of ``tenant`` may be active at once (None: no limit)."""
+        if tenant is not None and tenant in self.tenants:
+            return self.tenants[tenant]
+        return self.max_active_per_tenant
 
 
 NO_LIMITS = Limits()
@@ -111,14 +132,13 @@ def may_take(
     limits: Limits,
     active: int,
     active_of_tenant: int,
+    tenant: str | None = None,
 ) -> bool:
-    """Whether one more run (of a tenant with ``active_of_tenant`` active) fits."""
+    """Whether one more run of ``tenant`` (with ``active_of_tenant`` active) fits."""
     if limits.max_active is not None and active >= limits.max_active:
         return False
-    return not (
-        limits.max_active_per_tenant is not None
-        and active_of_tenant >= limits.max_active_per_tenant
-    )
+    own = limits.of_tenant(tenant)
+    return not (own is not None and active_of_tenant >= own)
 
 
 def admit(
@@ -134,7 +154,7 @@ def admit(
     for q in order(queue):
         if limits.max_active is not None and total >= limits.max_active:
             break
-        if may_take(limits, total, held[q.tenant]):
+        if may_take(limits, total, held[q.tenant], q.tenant):
             taken.append(q)
             held[q.tenant] += 1
             total += 1

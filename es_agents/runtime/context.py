@@ -231,7 +231,8 @@ def run_context(
 
 def limits_of(agent: Any, settings: Settings) -> Limits:
     """The agent's limits of active runs, each one replaced by its setting when
-    that is given (``ES_AGENTS_MAX_ACTIVE``, ``ES_AGENTS_MAX_ACTIVE_PER_TENANT``)."""
+    that is given (``ES_AGENTS_MAX_ACTIVE``, ``ES_AGENTS_MAX_ACTIVE_PER_TENANT``,
+    and ``ES_AGENTS_TENANT_LIMITS`` for the tenants it names)."""
     own: Limits = getattr(agent, "limits", NO_LIMITS)
     try:
         return Limits(
@@ -239,6 +240,7 @@ def limits_of(agent: Any, settings: Settings) -> Limits:
             max_active_per_tenant=(
                 settings.max_active_per_tenant or own.max_active_per_tenant
             ),
+            tenants={**own.tenants, **settings.tenant_limits},
         )
     except InvalidLimits as e:
         raise ConfigError(f"agent {agent.name!r}: {e}") from e

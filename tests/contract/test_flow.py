@@ -126,3 +126,18 @@ def test_agents_and_prefixes_do_not_share_places(ports: Ports) -> None:
     assert flow.take(agent, "mine", None, 0, limits)
     assert flow.take(other, "theirs", None, 0, limits)
     assert flow.counts(agent) == (1, 0)
+
+
+def test_a_named_tenant_has_its_own_limit(ports: Ports) -> None:
+    flow, agent = _flow(ports)
+    limits = Limits(max_active_per_tenant=1, tenants={"acme": 2})
+    assert flow.take(agent, "acme-1", "acme", 0, limits)
+    assert flow.take(agent, "acme-2", "acme", 0, limits)  # acme's own limit: 2
+    assert not flow.take(agent, "acme-3", "acme", 0, limits)
+    assert flow.take(agent, "globex-1", "globex", 0, limits)
+    assert not flow.take(agent, "globex-2", "globex", 0, limits)  # the default: 1
+    flow.enqueue(agent, "globex-2", "globex", 0, since_seq=2)
+    flow.enqueue(agent, "acme-3", "acme", 0, since_seq=2)
+    flow.release("acme-1")
+    assert _woken(flow, agent, limits) == ["acme-3"]  # globex is still at its 1
+    assert flow.counts(agent) == (3, 1)

@@ -24,8 +24,11 @@ from es_agents.core.flow import (
     check_priority,
     flow_of,
 )
+from es_agents.errors import ConfigError
 from es_agents.models import ScriptedModel, call, reply
 from es_agents.ports import Flow
+from es_agents.runtime.context import limits_of
+from es_agents.settings import Settings
 from es_agents.testing import AgentHarness
 from es_agents.tools import ToolContext, tool
 
@@ -213,6 +216,37 @@ def test_limits_and_priorities_are_checked() -> None:
         check_priority(10**7)
     assert not Limits().limited
     assert Limits(max_active_per_tenant=2).limited
+    assert Limits(tenants={"acme": 2}).limited
+    with pytest.raises(InvalidLimits, match="the limit of tenant 'acme'"):
+        Limits(tenants={"acme": 0})
+    with pytest.raises(InvalidLimits, match="tenant must be a text"):
+        Limits(tenants={"": 3})
+
+
+def test_a_named_tenant_has_its_own_limit_and_the_others_the_default() -> None:
+    limits = Limits(max_active=5, max_active_per_tenant=1, tenants={"acme": 3})
+    assert limits.of_tenant("acme") == 3
+    assert limits.of_tenant("globex") == 1
+    assert limits.of_tenant(None) == 1
+    queue = [Queued(f"a{n}", "acme", 0, n, 2) for n in range(4)]
+    queue += [Queued("g1", "globex", 0, 9, 2), Queued("g2", "globex", 0, 10, 2)]
+    taken = admit(queue, {}, limits)
+    assert [q.run_id for q in taken] == ["a0", "a1", "a2", "g1"]
+
+
+def test_the_settings_add_tenants_limits_to_the_agents() -> None:
+    agent = ToolAgent(
+        name="limited",
+        system_prompt="Answer.",
+        model=ScriptedModel([reply("ok")]),
+        limits=Limits(max_active_per_tenant=2, tenants={"acme": 4, "trial": 1}),
+    )
+    settings = Settings(tenant_limits={"acme": 10, "big": 50})
+    limits = limits_of(agent, settings)
+    assert limits.tenants == {"acme": 10, "trial": 1, "big": 50}
+    assert limits.max_active_per_tenant == 2
+    with pytest.raises(ConfigError, match="the limit of tenant 'x'"):
+        limits_of(agent, Settings(tenant_limits={"x": -1}))
 
 
 def test_admit_orders_and_respects_both_limits() -> None:
