@@ -236,9 +236,12 @@ def bench_upgrade_command(runs: int, length: int, partitions: int) -> None:
 
 
 @bench.command("growth")
-@click.option("--chat-steps", type=int, default=10_000, show_default=True)
-@click.option("--tool-calls", type=int, default=100, show_default=True)
-@click.option("--resumes", type=int, default=5, show_default=True)
+@click.option("--chat-steps", type=click.IntRange(min=8), default=10_000,
+              show_default=True)  # fmt: skip
+@click.option("--tool-calls", type=click.IntRange(min=4), default=100,
+              show_default=True)  # fmt: skip
+@click.option("--resumes", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Resumes timed (fewer when the run is short).")  # fmt: skip
 def bench_growth_command(chat_steps: int, tool_calls: int, resumes: int) -> None:
     """Log and Postgres bytes per step early and late in a long run, snapshot size,
     and resume at the end: a chat agent and one whose tools return 5 KB."""

@@ -227,6 +227,18 @@ def _serving(
         ports.close()
 
 
+def stops_for(steps: int, resumes: int) -> tuple[int, list[int]]:
+    """Where a run of ``steps`` steps stops: once early (a tenth in, at least step
+    2), then ``resumes`` + 1 times two steps apart before its end -- fewer when the
+    run is too short for them all (at least one resume)."""
+    if steps < 8:
+        raise ValueError(f"a run of {steps} steps is too short to measure: 8 at least")
+    early = max(2, steps // 10)
+    room = (steps - early - 2) // 2  # stops that fit after the early one
+    resumes = max(1, min(resumes, room - 1))
+    return early, [steps - 2 * (resumes + 1) + 2 * n for n in range(resumes + 1)]
+
+
 def _one(
     settings: Settings,
     agent: ToolAgent,
@@ -234,8 +246,8 @@ def _one(
     resumes: int,
     echo: Callable[[str], None],
 ) -> dict[str, object]:
-    early = max(steps // 10, 10)
-    late = [steps - 2 * (resumes + 1) + 2 * n for n in range(resumes + 1)]
+    early, late = stops_for(steps, resumes)
+    resumes = len(late) - 1
     stops = Stops(agent, [early, *late])
     run_id = f"growth-{agent.name}-{uuid.uuid4().hex[:6]}"
     with _serving(settings, stops) as (ports, worker):
