@@ -25,6 +25,7 @@ from es_agents.core.approvals import ApprovalPolicy
 from es_agents.core.budget import Budget
 from es_agents.core.events import ToolCall
 from es_agents.core.flow import Limits
+from es_agents.core.retention import Retention
 from es_agents.core.state import (
     AWAITING_CHILDREN,
     AWAITING_MESSAGE,
@@ -85,6 +86,9 @@ class ToolAgent:
     # How many of its runs take steps at once, in all and per tenant; the others
     # wait in a queue for a place (core.flow).
     limits: Limits = field(default_factory=Limits)
+    # How long its finished runs stay projected before they are archived to the
+    # object store and their rows purged (core.retention; default: for ever).
+    retention: Retention = field(default_factory=Retention)
     # A thread: after a reply the run waits for the next message (send_message)
     # instead of completing; the next turn continues the same transcript.
     conversational: bool = False

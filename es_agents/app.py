@@ -158,6 +158,7 @@ def _database(
 
 def _postgres_read_side(settings: Settings, db: Any, decode: Any) -> dict[str, Any]:
     from es_agents.adapters.postgres import PostgresEffectLedger, PostgresTimers
+    from es_agents.adapters.postgres_archives import PostgresArchives
     from es_agents.adapters.postgres_commands import PostgresCommandBook
     from es_agents.adapters.postgres_flow import PostgresFlow
     from es_agents.adapters.postgres_keys import PostgresKeyring
@@ -179,6 +180,7 @@ def _postgres_read_side(settings: Settings, db: Any, decode: Any) -> dict[str, A
         "flow": PostgresFlow(db, kafka.topic_prefix),
         "rates": PostgresModelRates(db, kafka.topic_prefix),
         "book": PostgresCommandBook(db, kafka.topic_prefix),
+        "archives": PostgresArchives(db, decode),
     }
 
 

@@ -69,6 +69,7 @@ from es_agents.ports import (
     ServedAgent,
     Verdict,
 )
+from es_agents.retention import Archived, Retainer
 from es_agents.runtime.loader import RunLoader
 from es_agents.served import served_agents
 from es_agents.settings import Settings, load_settings
@@ -199,7 +200,8 @@ class Client:
             return CommandResult(command, "refused", plain)
         if unserved == "refuse" and (unknown := self._unserved(agent)) is not None:
             return CommandResult(command, "refused", unknown)
-        exists = self._loader.load(run_id, restore=False).state is not None
+        known = self._loader.load(run_id, restore=False)
+        exists = known.state is not None or known.archived is not None
         taken = self._book.reserve_start(command, exists)
         if taken is not None:
             return CommandResult(command, "refused", taken)
@@ -275,7 +277,10 @@ class Client:
         origin's workers make it. ``NotFound`` for an unknown origin; refused at
         once for a seq the origin has not reached, or a taken run id."""
         self._check_topics()
-        origin = self._loader.load(origin_run, restore=False).state
+        found = self._loader.load(origin_run, restore=False)
+        origin = found.state
+        if origin is None and found.archived is not None:
+            raise Refused(f"run {origin_run} is archived: restore it to fork it")
         if origin is None:
             raise NotFound(f"unknown run {origin_run}")
         command = ForkRun(
@@ -291,10 +296,7 @@ class Client:
                 "refused",
                 f"run {origin_run} has no seq {at_seq} (its last is {origin.seq})",
             )
-        exists = (
-            run_id is not None
-            and self._loader.load(run_id, restore=False).state is not None
-        )
+        exists = run_id is not None and self._known(run_id)
         taken = self._book.reserve_start(command, exists)
         if taken is not None:
             return CommandResult(command, "refused", taken)
@@ -471,16 +473,35 @@ class Client:
 
     def forget(self, run_id: str) -> bool:
         """Destroy a finished run's data key: its payloads become unreadable
-        everywhere. False when it had none (not encrypted, or forgotten before)."""
-        state = self._loader.load(run_id, restore=False).state
-        if state is None:
+        everywhere; its payload objects no other run claims, and its archive, are
+        deleted. False when it had no key (not encrypted, or forgotten before)."""
+        loaded = self._loader.load(run_id, restore=False)
+        state = loaded.state
+        if state is None and loaded.archived is None:
             raise NotFound(f"unknown run {run_id}")
-        if not state.terminal:
+        if state is not None and not state.terminal:
             raise Refused(
                 f"run {run_id} is {state.status}: cancel it before forgetting it"
             )
         self._cipher.evict(run_id)
-        return self._ports.vault.forget(run_id)
+        forgotten = self._ports.vault.forget(run_id)
+        if self._ports.archives is not None and self._ports.claims is not None:
+            self.retention.forget(run_id)
+        return forgotten
+
+    @property
+    def retention(self) -> Retainer:
+        """Archive, purge and restore finished runs (``es_agents.retention``)."""
+        return Retainer(self._ports, self.settings.kafka.topic_prefix)
+
+    def archive(self, run_id: str, purge: bool = True) -> Archived:
+        """Archive a finished run to the object store and (``purge``) delete its
+        projection rows and the payload objects no other run claims."""
+        return self.retention.archive(run_id, purge)
+
+    def restore(self, run_id: str) -> int:
+        """Put an archived run's events and payloads back; the events restored."""
+        return self.retention.restore(run_id)
 
     def cancel(
         self, run_id: str, by: str, reason: str | None = None, wait: float = 10.0
@@ -502,7 +523,10 @@ class Client:
         if isinstance(command, ChangeSchedule):
             return self._deliver(command, command.agent, wait)
         self._check_topics()
-        state = self._applied_or_pending(command.run_id)
+        try:
+            state = self._applied_or_pending(command.run_id)
+        except Refused as e:  # archived
+            return CommandResult(command, "refused", str(e))
         if state is None:
             raise NotFound(f"unknown run {command.run_id}")
         refusal = self._gate_refusal(state, command)
@@ -534,10 +558,21 @@ class Client:
         ``resume``, ``delete``, ``get``, ``list``."""
         return ScheduleClient(self)
 
+    def _known(self, run_id: str) -> bool:
+        """Whether the run exists (in the log, or archived)."""
+        known = self._loader.load(run_id, restore=False)
+        return known.state is not None or known.archived is not None
+
     def _applied_or_pending(self, run_id: str) -> RunState | None:
         verdicts = self._book.for_run(run_id)  # before the log: see status()
         # Deciding needs no payloads: claim-checked ones stay in the object store.
-        state = self._loader.load(run_id, restore=False).state
+        loaded = self._loader.load(run_id, restore=False)
+        if loaded.archived is not None:
+            raise Refused(
+                f"run {run_id} is archived: it ended and its rows were purged; "
+                f"es-agents restore {run_id} brings it back to read"
+            )
+        state = loaded.state
         if state is not None:
             return state
         pending = _pending_start(run_id, verdicts)
@@ -632,6 +667,17 @@ class Client:
                 },
                 unreadable,
             )
+        if loaded.archived is not None:
+            row = self._ports.projections.run_row(run_id) or {}
+            return RunView(
+                run_id,
+                str(row.get("status", "archived")),
+                str(row.get("agent", "")),
+                None,
+                refused,
+                dead,
+                archived=loaded.archived,
+            )
         pending = _pending_start(run_id, verdicts)
         if pending is not None:
             return RunView(run_id, "pending", pending.agent, None, refused, dead)
@@ -694,6 +740,8 @@ class Client:
         ``NotFound`` for a run with none."""
         partition = self._log.partition_for(run_id)
         projected = self._ports.projections.load(run_id, partition, None)
+        if projected.archived is not None:  # purged: its archive holds them
+            return [self.reveal(run_id, e) for e in self.retention.events(run_id)]
         events = self._ports.projections.events(run_id)
         after = events[-1].seq if events else -1
         tail = self._log.read_sealed(

@@ -85,6 +85,7 @@ class RunView:
     dead_letters: list[tuple[str, int, int, str]] = field(default_factory=list)
     loaded_from: dict[str, int | None] = field(default_factory=dict)
     payload_problem: str | None = None  # a claim-checked payload that did not load
+    archived: str | None = None  # its archive, when its rows were purged
 
     @property
     def pending(self) -> PendingCall | None:

@@ -64,6 +64,10 @@ class BlobStore(Protocol):
         """The bytes under ``key``; raise ``PayloadUnavailable`` when missing."""
         ...
 
+    def delete(self, key: str) -> None:
+        """Remove the object under ``key``; a missing one is no error."""
+        ...
+
 
 @dataclass(frozen=True)
 class ClaimCheck:

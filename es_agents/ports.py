@@ -27,6 +27,7 @@ from es_agents.observability import NoTelemetry, NoTracer, Telemetry, Tracer
 from es_agents.vault import MemoryVault, Vault
 
 if TYPE_CHECKING:
+    from es_agents.archive import Written
     from es_agents.payloads import ClaimCheck
 
 T = TypeVar("T")
@@ -364,6 +365,60 @@ class Flow(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class ArchiveRow:
+    """Where a finished run's archive is, and whether its rows were purged."""
+
+    run_id: str
+    key: str
+    sha256: str
+    events: int
+    last_seq: int
+    archived_at: datetime
+    purged_at: datetime | None
+
+
+class Archives(Protocol):
+    """Finished runs' archives and purges (``es_agents.retention``): the rows that
+    say where a run's archive is, the run's projected events to archive, and the
+    purge of its projection rows with its claims on payload objects."""
+
+    def finished(self, run_id: str) -> tuple[str, int] | None:
+        """The run's status and last seq by the projection (None: unknown)."""
+        ...
+
+    def written(self, run_id: str) -> list[Written]:
+        """The run's projected events as written, in order, with their MACs."""
+        ...
+
+    def archived(self, run_id: str) -> ArchiveRow | None: ...
+
+    def record(
+        self, run_id: str, key: str, sha256: str, events: int, last_seq: int
+    ) -> None:
+        """The run's archive is stored under ``key`` (its rows not purged yet)."""
+        ...
+
+    def purge(self, run_id: str) -> list[str]:
+        """Delete the finished, archived run's projection rows (not its ``runs``
+        row) and its claims on payload objects, in one transaction; ``Refused``
+        when it is not finished, not archived, or has events its archive lacks.
+        Returns the payload keys no run claims any more."""
+        ...
+
+    def unclaim(self, run_id: str) -> list[str]:
+        """Remove the run's claims on payload objects; the keys no run claims."""
+        ...
+
+    def restore(self, run_id: str, rows: list[Written], keys: list[str]) -> None:
+        """Put a purged run's events (and its claims on ``keys``) back."""
+        ...
+
+    def due(self, agent: str, ended_before: datetime, limit: int) -> list[str]:
+        """The agent's runs that ended before ``ended_before``, not purged."""
+        ...
+
+
 class ModelRates(Protocol):
     """The models' rate limits, counted for every worker of a topic prefix
     (``core.rates``), by the store's clock."""
@@ -493,6 +548,8 @@ class Projected:
     head: bytes = b""  # digest of the last projected event's bytes (the chain's head)
     # The partition's epoch floors at ``projected_until`` (per writer group).
     floors: Mapping[str, int] = field(default_factory=dict)
+    # The run's archive, when its rows were purged (``es_agents.retention``).
+    archived: str | None = None
 
 
 class Projections(Protocol):
@@ -654,6 +711,8 @@ class Ports:
     flow: Flow | None = None
     # The models' shared rate limits (None: this store keeps none).
     rates: ModelRates | None = None
+    # Finished runs' archives and purges (None: this store keeps none).
+    archives: Archives | None = None
     # The writer keys (``core.authorship``), read after the migrations ran.
     writer_keys: Callable[[], Authenticator | None] = lambda: None
 

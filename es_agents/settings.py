@@ -300,6 +300,18 @@ class Settings(BaseSettings):
         description="At most this many runs of one tenant take steps at once "
         "(replaces the agent's limits.max_active_per_tenant)",
     )
+    purge_after_days: float | None = Field(
+        default=None,
+        gt=0,
+        description="Finished runs are archived to the object store and their "
+        "projection rows purged this many days after they ended (replaces the "
+        "agent's retention.purge_after; unset: as the agent says, by default kept)",
+    )
+    retention_every_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="How often a worker looks for finished runs due to be archived",
+    )
     tenant_limits: dict[str, int] = Field(
         default_factory=dict,
         description="Named tenants' own limits of active runs, as JSON "

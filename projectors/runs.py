@@ -29,6 +29,7 @@ from psycopg.types.json import Jsonb
 
 from es_agents.adapters.postgres import Database
 from es_agents.adapters.postgres_projections import load_projected
+from es_agents.archive import claimed_keys
 from es_agents.core.authorship import (
     AUTH_HEADER,
     Authenticator,
@@ -81,6 +82,7 @@ class Batch:
     floors: dict[int, dict[str, int]] = field(default_factory=dict)
     dead: list[tuple[Any, ...]] = field(default_factory=list)
     waits: list[tuple[str, float]] = field(default_factory=list)  # agent, seconds
+    refs: list[tuple[str, str]] = field(default_factory=list)  # payload key, run
 
 
 def _auth_value(headers: Sequence[tuple[str, bytes]]) -> str | None:
@@ -340,6 +342,7 @@ class Projector:
             return
         if state is not None and event.seq <= state.seq:
             return  # a duplicate of a projected event
+        batch.refs += [(key, event.run_id) for key in claimed_keys(event)]
         event = self._restore(event)
         if (
             isinstance(event, Resumed)
@@ -477,6 +480,12 @@ class Projector:
                     "%s::bigint[]) AS l(run_id, seq) "
                     "WHERE s.run_id = l.run_id AND s.seq < l.seq",
                     _columns(list(batch.latest.items()), 2),
+                )
+            if batch.refs:
+                cur.execute(
+                    "INSERT INTO payload_refs (key, run_id) SELECT * FROM "
+                    "unnest(%s::text[], %s::text[]) ON CONFLICT DO NOTHING",
+                    _columns(batch.refs, 2),
                 )
             if batch.dead:
                 cur.executemany(

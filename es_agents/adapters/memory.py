@@ -46,6 +46,10 @@ class InMemoryBlobStore:
             raise PayloadUnavailable(f"{key}: no such object")
         return data
 
+    def delete(self, key: str) -> None:
+        with self._lock:
+            self.objects.pop(key, None)
+
 
 @final
 class MemoryEffectLedger:

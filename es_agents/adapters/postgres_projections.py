@@ -43,7 +43,8 @@ _COLUMNS = ", ".join(_NAMES)
 # chunks it names (1: all of them, or the last one when the rest is read on
 # demand), the projected events after it (2), the projector's offset and epoch
 # floors on the run's partition (3), and how many of the snapshot's chunks are
-# missing (4: a snapshot whose transcript is not all there is not used).
+# missing (4: a snapshot whose transcript is not all there is not used), and the
+# archive of a run whose rows were purged (5).
 _LOAD = """
 WITH s AS (
     SELECT seq, state, mac,
@@ -69,6 +70,9 @@ UNION ALL
 SELECT 4, s.chunks - count(t.chunk), NULL, NULL, NULL, NULL FROM s
     LEFT JOIN run_transcripts t ON t.run_id = %(run)s AND t.chunk < s.chunks
     GROUP BY s.chunks
+UNION ALL
+SELECT 5, a.last_seq, NULL, NULL, a.key, NULL FROM run_archives a
+    WHERE a.run_id = %(run)s AND a.purged_at IS NOT NULL
 ORDER BY 1, 2
 """
 
@@ -82,7 +86,9 @@ def load_projected(
     offset_of: tuple[str, str, int] | None = None,
     read_chunks: ChunkLoader | None = None,
     auth: Authenticator | None = None,
-) -> tuple[RunState | None, int | None, int, bytes, tuple[int, dict[str, int]]]:
+) -> tuple[
+    RunState | None, int | None, int, bytes, tuple[int, dict[str, int]], str | None
+]:
     """The latest snapshot (of this reducer version) plus the projected events after
     it: (state, snapshot seq or None, number of events folded, the chain's head:
     the digest of the last event's bytes, and the projector's (next offset, floors)
@@ -114,6 +120,7 @@ def load_projected(
     events = [(bytes(r[3]), r[5]) for r in rows if r[0] == 2]
     offset = next(((int(r[1]), dict(r[2])) for r in rows if r[0] == 3), (0, {}))
     missing = next((int(r[1]) for r in rows if r[0] == 4), 0)
+    archived = next((str(r[4]) for r in rows if r[0] == 5), None)
     state = None
     head = GENESIS
     snapshot_seq = None
@@ -139,7 +146,7 @@ def load_projected(
     state, head = fold_verified(
         events, decode, run_id, restore, auth, state=state, head=head
     )
-    return state, snapshot_seq, len(events), head, offset
+    return state, snapshot_seq, len(events), head, offset, archived
 
 
 def _all_events(conn: psycopg.Connection[Any], run_id: str) -> list[tuple[bytes, Any]]:
@@ -288,16 +295,18 @@ class PostgresProjections:
         self, run_id: str, partition: int, restore: Callable[[Event], Event] | None
     ) -> Projected:
         with self._db.statement() as conn:
-            state, snapshot_seq, folded, head, (offset, floors) = load_projected(
-                conn,
-                self._decode,
-                run_id,
-                restore,
-                offset_of=(self._group, self._topic, partition),
-                read_chunks=self._chunk_reader(run_id, restore),
-                auth=self.auth,
+            state, snapshot_seq, folded, head, (offset, floors), archived = (
+                load_projected(
+                    conn,
+                    self._decode,
+                    run_id,
+                    restore,
+                    offset_of=(self._group, self._topic, partition),
+                    read_chunks=self._chunk_reader(run_id, restore),
+                    auth=self.auth,
+                )
             )
-        return Projected(state, snapshot_seq, folded, offset, head, floors)
+        return Projected(state, snapshot_seq, folded, offset, head, floors, archived)
 
     def _chunk_reader(
         self, run_id: str, restore: Callable[[Event], Event] | None

@@ -70,3 +70,11 @@ class S3BlobStore:
         except BotoCoreError as e:
             raise Unavailable(f"s3://{self.bucket}/{key}: {e}") from e
         return data
+
+    def delete(self, key: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
+
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=key)
+        except (BotoCoreError, ClientError) as e:
+            raise Unavailable(f"s3://{self.bucket}/{key}: cannot delete: {e}") from e

@@ -436,6 +436,8 @@ def _print_view(run_id: str, view: RunView) -> None:
         summary["loaded_from"] = view.loaded_from
     if view.payload_problem:
         summary["payload_problem"] = view.payload_problem
+    if view.archived:
+        summary["archived"] = view.archived  # its rows purged: restore to read
     if machine():
         emit(summary)
         return

@@ -17,6 +17,7 @@ from es_agents.core.commands import Command
 from es_agents.core.events import Event
 from es_agents.core.flow import NO_LIMITS, InvalidLimits, Limits
 from es_agents.core.rates import ModelRate
+from es_agents.core.retention import KEEP, Retention
 from es_agents.core.state import RunState, Versions
 from es_agents.core.versions import StateMigration, VersionPolicy
 from es_agents.dead_letters import DeadLetterQueue
@@ -227,6 +228,14 @@ def run_context(
         },
         rates=ports.rates,
     )
+
+
+def retention_of(agent: Any, settings: Settings) -> Retention:
+    """The agent's retention policy, ``ES_AGENTS_PURGE_AFTER_DAYS`` replacing it."""
+    if settings.purge_after_days is not None:
+        return Retention(timedelta(days=settings.purge_after_days))
+    own: Retention = getattr(agent, "retention", KEEP)
+    return own
 
 
 def limits_of(agent: Any, settings: Settings) -> Limits:

@@ -32,6 +32,7 @@ class Loaded:
     events_from_db: int
     events_from_log: int
     head: bytes = GENESIS  # digest of the last event's bytes: the next event's prev
+    archived: str | None = None  # a finished run's archive, its rows purged
 
 
 class RunLoader:
@@ -100,4 +101,11 @@ class RunLoader:
                 )
                 head = sealed.digest
                 tail += 1
-        return Loaded(state, projected.snapshot_seq, projected.events, tail, head)
+        return Loaded(
+            state,
+            projected.snapshot_seq,
+            projected.events,
+            tail,
+            head,
+            projected.archived if state is None else None,
+        )

@@ -129,6 +129,7 @@ class RunLoop:
         self.verdicts: list[Decided] = []
         self.state: RunState | None = None
         self.head = GENESIS  # the hash chain's head: the next event's prev
+        self.archived: str | None = None  # a finished run's archive, rows purged
         self._flushing = asyncio.Lock()
 
     @classmethod
@@ -149,6 +150,7 @@ class RunLoop:
             restore=restore,
         )
         self.state = loaded.state
+        self.archived = loaded.archived
         if self.state is not None and ctx.encrypt and ctx.cipher is not None:
             self.state = ctx.cipher.reveal(actor.run_id, self.state, strict=True)
         self.head = loaded.head
@@ -374,6 +376,12 @@ class RunLoop:
             except ConfigError as e:
                 raise Refused(f"its payload is encrypted: {e}") from e
         mine = self.agent.name
+        if self.state is None and self.archived is not None:
+            raise Refused(
+                f"run {command.run_id} is archived: it ended and its rows were "
+                f"purged (archive {self.archived}); es-agents restore "
+                f"{command.run_id} brings it back to read"
+            )
         if isinstance(command, StartRun) and self.state is None:
             if command.agent != mine:
                 raise NotMine

@@ -46,11 +46,12 @@ from es_agents.errors import (
 )
 from es_agents.ports import Decided, Ports, Position
 from es_agents.runtime import containment
-from es_agents.runtime.context import RunActor, RunContext
+from es_agents.runtime.context import RunActor, RunContext, retention_of
 from es_agents.runtime.flow import admit_queued, releases
 from es_agents.runtime.offsets import OffsetTracker
 from es_agents.runtime.others import OtherRuns, remember
 from es_agents.runtime.ownership import Ownership, runs_to_resume
+from es_agents.runtime.retention_sweep import RetentionSweep
 from es_agents.runtime.run_loop import RunLoop
 from es_agents.runtime.schedules import ScheduleKeeper
 from es_agents.runtime.timers import BATCH, fire_timers
@@ -122,6 +123,13 @@ class Worker:
         self._stop = threading.Event()
         self._released = threading.Event()  # a place was freed: admit at once
         self._last = {"timers": 0.0, "schedules": 0.0, "admitted": 0.0}
+        self.retention = RetentionSweep(
+            ports,
+            settings.kafka.topic_prefix,
+            agent.name,
+            retention_of(agent, settings),
+            settings.retention_every_seconds,
+        )
         self._fatal: BaseException | None = None
         self.source = ports.subscribe(
             settings.kafka.commands_topic,
@@ -186,6 +194,7 @@ class Worker:
             self._released.clear()
             sent = self._admit() > 0 or sent
             last["admitted"] = now
+        self.retention.maybe(now)
         return sent
 
     def stop(self) -> None:
@@ -239,6 +248,7 @@ class Worker:
             log.warning("runs did not stop in %.0f s", STOP_SECONDS)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._runtime.join(5)
+        self.retention.close()
         try:
             self._commit()
             with contextlib.suppress(Unavailable):  # going down with the database
