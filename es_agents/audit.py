@@ -168,7 +168,11 @@ def audit(
     run_prefix: str = "",
     since: datetime | None = None,
     progress: Callable[[int, float], None] | None = None,
+    purged: Mapping[str, Callable[[bytes], list[str]]] | None = None,
 ) -> AuditReport:
+    """``purged``: the runs whose projection rows were purged, each with the check
+    of its archive against the log's head of its chain (``es_agents.retention``):
+    their rows are not looked for, their archive is checked instead."""
     started = time.perf_counter()
     runs: dict[str, RunAudit] = {}
     count = 0
@@ -179,6 +183,7 @@ def audit(
     left_out = getattr(log, "left_out_records", None)
     seen_left_out = len(left_out) if left_out is not None else 0
     authored = getattr(log, "authored", None)
+    gone = purged or {}
     for partition in range(partitions):
         for record in log.read_partition(events_topic, partition):
             count += 1
@@ -196,7 +201,9 @@ def audit(
             chain = run.chain
             assert chain is not None  # noqa: S101 - set with the run
             try:
-                event = log.restore(log.decode_event(record.value))
+                event = log.decode_event(record.value)
+                if record.key not in gone:  # a purged run's payloads: its archive's
+                    event = log.restore(event)
             except EsAgentsError as e:
                 # Not a link of the chain: the next event names the one before it.
                 run.problems.append(
@@ -216,7 +223,7 @@ def audit(
     _check_rows_left(runs, digests)
     if since is not None:
         runs = {k: r for k, r in runs.items() if r.last_at and r.last_at >= since}
-    _check_runs(runs, projections, ledger, run_prefix)
+    _check_runs(runs, projections, ledger, run_prefix, purged or {})
     fenced: Mapping[int, int] = getattr(log, "fenced_writes", {})
     return AuditReport(runs, count, time.perf_counter() - started, sum(fenced.values()))
 
@@ -332,6 +339,7 @@ def _check_runs(
     projections: Projections,
     ledger: EffectLedger,
     run_prefix: str,
+    purged: Mapping[str, Callable[[bytes], list[str]]],
 ) -> None:
     _check_ledger(runs, ledger, run_prefix)
     rows = projections.run_rows(run_prefix)
@@ -339,6 +347,10 @@ def _check_runs(
         state = run.state
         if state is None or run.broken:
             continue
+        check_archive = purged.get(run.run_id)
+        if check_archive is not None:  # its rows purged: its archive holds them
+            run.problems += check_archive(run.chain.head if run.chain else b"")
+            run.unprojected.clear()
         if state.status == "running" and isinstance(state.pending, PendingToolCall):
             run.dangling = (
                 f"tool call {state.pending.idempotency_key} (seq "

@@ -418,6 +418,10 @@ class Archives(Protocol):
         """The agent's runs that ended before ``ended_before``, not purged."""
         ...
 
+    def purged(self, run_prefix: str = "") -> set[str]:
+        """The runs (ids starting with ``run_prefix``) whose rows were purged."""
+        ...
+
 
 class ModelRates(Protocol):
     """The models' rate limits, counted for every worker of a topic prefix

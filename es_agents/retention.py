@@ -26,6 +26,7 @@ objects and archive too.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -167,6 +168,26 @@ class Retainer:
         if row is not None:
             deleted += self._delete([row.key])
         return deleted
+
+    def checks(self, run_prefix: str = "") -> dict[str, Callable[[bytes], list[str]]]:
+        """For ``audit``: each purged run's check of its archive against the head
+        of its chain in the log (what is wrong; nothing: an empty list)."""
+        if self._ports.archives is None or self._ports.claims is None:
+            return {}
+
+        def check(run_id: str) -> Callable[[bytes], list[str]]:
+            def against(head: bytes) -> list[str]:
+                try:
+                    made = self.read(run_id)
+                except EsAgentsError as e:
+                    return [f"archive: {e}"]
+                if made.head != head.hex():
+                    return [f"archive: it ends elsewhere than the log ({made.head})"]
+                return []
+
+            return against
+
+        return {r: check(r) for r in self._archives.purged(run_prefix)}
 
     def sweep(
         self,

@@ -19,6 +19,7 @@ import psycopg
 from pydantic import BaseModel, JsonValue
 
 from es_agents.agent import ToolAgent
+from es_agents.core.retention import KEEP, Retention
 from es_agents.core.state import RunState
 from es_agents.core.step import Finish, Interrupt, PatchState, Step
 from es_agents.core.transcript import Message
@@ -394,6 +395,25 @@ fragile = ToolAgent(
     ),
     tool_list=[blob, confirm],
 )
+
+
+# -- retention: a claim-checked tool result (with a small payload threshold), then
+# done; the second kept one second after its end, then archived and purged ------------
+def _archivist(name: str, retention: Retention = KEEP) -> ToolAgent:
+    return ToolAgent(
+        name=name,
+        system_prompt="Fetch a blob, then answer.",
+        model=ScriptedModel(
+            [call("blob", "c1", mb=0.002), reply("archived")],
+            model_id="scripted-archivist",
+        ),
+        tool_list=[blob],
+        retention=retention,
+    )
+
+
+archivist = _archivist("archivist")
+archivist_brief = _archivist("archivist-brief", Retention(timedelta(seconds=1)))
 
 
 # -- a long transcript behind a gate: 35 no-op calls, then confirm (two chunks of

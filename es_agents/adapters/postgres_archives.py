@@ -142,6 +142,15 @@ class PostgresArchives:
                 (run_id,),
             )
 
+    def purged(self, run_prefix: str = "") -> set[str]:
+        with self._db.statement() as conn:
+            rows = conn.execute(
+                "SELECT run_id FROM run_archives WHERE purged_at IS NOT NULL "
+                "AND starts_with(run_id, %s)",
+                (run_prefix,),
+            ).fetchall()
+        return {str(r[0]) for r in rows}
+
     def due(self, agent: str, ended_before: datetime, limit: int) -> list[str]:
         with self._db.statement() as conn:
             rows = conn.execute(

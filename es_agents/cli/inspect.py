@@ -187,6 +187,7 @@ def audit(
 
     from es_agents.app import build_client_ports  # noqa: PLC0415
     from es_agents.audit import audit as run_audit  # noqa: PLC0415
+    from es_agents.retention import Retainer  # noqa: PLC0415
     from es_agents.settings import load_settings  # noqa: PLC0415
 
     settings = load_settings()
@@ -205,6 +206,7 @@ def audit(
             progress=lambda n, s: click.echo(
                 f"... {n:,} events read ({n / s:,.0f}/s)", err=True
             ),
+            purged=Retainer(ports, settings.kafka.topic_prefix).checks(run_prefix),
         )
         report = audited.to_json()
         # Forgotten runs are checked like the others: structure, hashes, status.
