@@ -136,6 +136,10 @@ class DevKafka:
             # record (es-agents also sets this on the topics it creates).
             "log.retention.ms": "-1",
             "log.retention.bytes": "-1",
+            # Committed offsets of a group with no member are kept ~1,000 years
+            # (Kafka's default: 7 days), so workers down for a week do not read
+            # the commands topic again from its start.
+            "offsets.retention.minutes": "525600000",
             # A cluster fences a silent broker after 4 s (Kafka's default: 9 s), so
             # its partitions get new leaders sooner, and drops a silent follower from
             # the in-sync replicas after 5 s (default 30 s), so acks=all writes and
