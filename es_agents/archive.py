@@ -201,6 +201,9 @@ class Kept:
     def delete(self, key: str) -> None:
         self.objects.pop(key, None)
 
+    def written_at(self, key: str) -> datetime | None:
+        return None  # written with the archive
+
 
 def read(data: bytes) -> Archive:
     """An archive's records and metadata; ``DecodeError`` when it is not one."""

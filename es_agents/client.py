@@ -492,7 +492,7 @@ class Client:
     @property
     def retention(self) -> Retainer:
         """Archive, purge and restore finished runs (``es_agents.retention``)."""
-        return Retainer(self._ports, self.settings.kafka.topic_prefix)
+        return Retainer(self._ports, self.settings)
 
     def archive(self, run_id: str, purge: bool = True) -> Archived:
         """Archive a finished run to the object store and (``purge``) delete its

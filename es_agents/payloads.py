@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
 from es_agents.core.commands import Command, ProvideInput, StartRun
@@ -66,6 +67,10 @@ class BlobStore(Protocol):
 
     def delete(self, key: str) -> None:
         """Remove the object under ``key``; a missing one is no error."""
+        ...
+
+    def written_at(self, key: str) -> datetime | None:
+        """When the object under ``key`` was last written (None: no such object)."""
         ...
 
 

@@ -407,7 +407,16 @@ class Archives(Protocol):
         ...
 
     def unclaim(self, run_id: str) -> list[str]:
-        """Remove the run's claims on payload objects; the keys no run claims."""
+        """Remove the run's claims on payload objects; the keys no run claims
+        (kept as orphans until ``settle``d)."""
+        ...
+
+    def orphaned(self, limit: int = 1000) -> list[str]:
+        """Payload objects no run claims, not deleted yet (oldest first)."""
+        ...
+
+    def settle(self, keys: list[str]) -> None:
+        """These orphans are deleted (or gone): forget them."""
         ...
 
     def restore(self, run_id: str, rows: list[Written], keys: list[str]) -> None:

@@ -13,7 +13,9 @@ ever made. An agent's ``Retention`` says how long a finished run stays projected
    command for it is refused as archived (never mistaken for an unknown run whose
    id a new start could take), and ``status`` and ``runs`` still list it. Payload
    objects no other run claims (a fork's copied events claim its origin's; equal
-   payloads share one object) are deleted;
+   payloads share one object) are deleted, unless written within the grace period
+   (``ES_AGENTS_PAYLOAD_DELETE_GRACE_HOURS``, 24): a run still going may have just
+   stored the same bytes before its claim reached the projection;
 3. **restore** puts the archived events and payloads back; ``show`` and ``replay``
    read a purged run from its archive.
 
@@ -28,7 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from es_agents import archive as ocf
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
     from es_agents.codec import AvroCodec
     from es_agents.payloads import BlobStore
     from es_agents.ports import Archives, Ports
+    from es_agents.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +66,10 @@ class Archived:
 class Retainer:
     """Archive, purge and restore over a store's ports."""
 
-    def __init__(self, ports: Ports, topic_prefix: str) -> None:
+    def __init__(self, ports: Ports, settings: Settings) -> None:
         self._ports = ports
-        self._prefix = topic_prefix
+        self._prefix = settings.kafka.topic_prefix
+        self._grace = timedelta(hours=settings.payload_delete_grace_hours)
 
     @property
     def _archives(self) -> Archives:
@@ -88,8 +92,8 @@ class Retainer:
         return codec
 
     def archive(self, run_id: str, purge: bool = True) -> Archived:
-        """Archive a finished run (once: an archive already made is kept) and,
-        with ``purge``, delete its projection rows and unclaimed payloads."""
+        """Archive a finished run and, with ``purge``, delete its projection rows
+        and unclaimed payloads (a run purged already: its archive as it is)."""
         archives, blobs = self._archives, self._blobs
         row = archives.archived(run_id)
         if row is not None and row.purged_at is not None:
@@ -120,15 +124,26 @@ class Retainer:
         log.info("run %s archived to %s (%d events)", run_id, key, len(written))
         return Archived(run_id, key, len(written), len(made.payloads()), purge, deleted)
 
-    def _delete(self, keys: list[str]) -> int:
-        """Delete payload objects no run claims; a failure leaves them (logged)."""
-        done = 0
+    def _delete(self, keys: list[str], grace: bool = True) -> int:
+        """Delete payload objects no run claims, unless written within the grace
+        period: objects are stored by content, so a run still going may have just
+        written the same bytes, before its event (and claim) reached the
+        projection. A failure leaves the object (logged)."""
+        done, settled = 0, []
+        recent = datetime.now(UTC) - self._grace
         for key in keys:
             try:
-                self._blobs.delete(key)
-                done += 1
+                written = self._blobs.written_at(key)
+                if written is not None and grace and written > recent:
+                    continue  # perhaps claimed again just now: a later sweep's
+                if written is not None:
+                    self._blobs.delete(key)
+                    done += 1
+                settled.append(key)
             except EsAgentsError as e:
                 log.warning("payload %s not deleted: %s", key, e)
+        if settled:
+            self._archives.settle(settled)
         return done
 
     def read(self, run_id: str) -> ocf.Archive:
@@ -166,7 +181,7 @@ class Retainer:
         deleted = self._delete(self._archives.unclaim(run_id))
         row = self._archives.archived(run_id)
         if row is not None:
-            deleted += self._delete([row.key])
+            deleted += self._delete([row.key], grace=False)
         return deleted
 
     def checks(self, run_prefix: str = "") -> dict[str, Callable[[bytes], list[str]]]:
@@ -196,9 +211,13 @@ class Retainer:
         now: datetime | None = None,
         limit: int = 100,
     ) -> list[str]:
-        """Archive and purge the agent's runs that ended ``purge_after`` ago; the
-        runs purged (a run that cannot be is logged and left as it is)."""
-        if retention.purge_after is None or self._ports.archives is None:
+        """Archive and purge the agent's runs that ended ``purge_after`` ago, and
+        delete the orphaned payload objects past their grace; the runs purged (a
+        run that cannot be is logged and left as it is)."""
+        if self._ports.archives is None:
+            return []
+        self._delete(self._archives.orphaned())  # those past their grace now
+        if retention.purge_after is None:
             return []
         ended_before = (now or datetime.now(UTC)) - retention.purge_after
         done = []

@@ -307,6 +307,13 @@ class Settings(BaseSettings):
         "projection rows purged this many days after they ended (replaces the "
         "agent's retention.purge_after; unset: as the agent says, by default kept)",
     )
+    payload_delete_grace_hours: float = Field(
+        default=24.0,
+        ge=0,
+        description="A payload object no run claims any more is deleted with its "
+        "run's purge only if written longer ago than this (a run still going may "
+        "have just stored the same bytes, before its claim reached the projection)",
+    )
     retention_every_seconds: float = Field(
         default=60.0,
         gt=0,

@@ -33,11 +33,17 @@ from es_agents.ports import (
 class InMemoryBlobStore:
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
+        self.written: dict[str, datetime] = {}
         self._lock = threading.Lock()
 
     def put(self, key: str, data: bytes) -> None:
         with self._lock:
             self.objects[key] = data
+            self.written[key] = datetime.now(UTC)
+
+    def written_at(self, key: str) -> datetime | None:
+        with self._lock:
+            return self.written.get(key)
 
     def get(self, key: str) -> bytes:
         with self._lock:
@@ -49,6 +55,7 @@ class InMemoryBlobStore:
     def delete(self, key: str) -> None:
         with self._lock:
             self.objects.pop(key, None)
+            self.written.pop(key, None)
 
 
 @final

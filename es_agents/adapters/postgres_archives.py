@@ -114,7 +114,28 @@ class PostgresArchives:
                 "SELECT DISTINCT key FROM payload_refs WHERE key = ANY(%s)", (keys,)
             ).fetchall()
         }
-        return sorted(set(keys) - still)
+        orphans = sorted(set(keys) - still)
+        conn.execute(
+            "INSERT INTO payload_orphans (key) SELECT unnest(%s::text[]) "
+            "ON CONFLICT DO NOTHING",
+            (orphans,),
+        )
+        return orphans
+
+    def orphaned(self, limit: int = 1000) -> list[str]:
+        with self._db.transaction() as conn:
+            conn.execute(  # claimed again since: not an orphan any more
+                "DELETE FROM payload_orphans o WHERE EXISTS "
+                "(SELECT 1 FROM payload_refs r WHERE r.key = o.key)"
+            )
+            rows = conn.execute(
+                "SELECT key FROM payload_orphans ORDER BY since LIMIT %s", (limit,)
+            ).fetchall()
+        return [str(r[0]) for r in rows]
+
+    def settle(self, keys: list[str]) -> None:
+        with self._db.transaction() as conn:
+            conn.execute("DELETE FROM payload_orphans WHERE key = ANY(%s)", (keys,))
 
     def restore(self, run_id: str, rows: list[Written], keys: list[str]) -> None:
         events = [(w, self._decode(w.value)) for w in rows]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from datetime import datetime
 from typing import Any, final
 
 from es_agents.errors import PayloadUnavailable, Unavailable
@@ -78,3 +79,18 @@ class S3BlobStore:
             self._client.delete_object(Bucket=self.bucket, Key=key)
         except (BotoCoreError, ClientError) as e:
             raise Unavailable(f"s3://{self.bucket}/{key}: cannot delete: {e}") from e
+
+    def written_at(self, key: str) -> datetime | None:
+        from botocore.exceptions import BotoCoreError, ClientError  # noqa: PLC0415
+
+        try:
+            head = self._client.head_object(Bucket=self.bucket, Key=key)
+        except ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            if code in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise Unavailable(f"s3://{self.bucket}/{key}: {e}") from e
+        except BotoCoreError as e:
+            raise Unavailable(f"s3://{self.bucket}/{key}: {e}") from e
+        written: datetime = head["LastModified"]
+        return written

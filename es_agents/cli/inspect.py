@@ -206,7 +206,7 @@ def audit(
             progress=lambda n, s: click.echo(
                 f"... {n:,} events read ({n / s:,.0f}/s)", err=True
             ),
-            purged=Retainer(ports, settings.kafka.topic_prefix).checks(run_prefix),
+            purged=Retainer(ports, settings).checks(run_prefix),
         )
         report = audited.to_json()
         # Forgotten runs are checked like the others: structure, hashes, status.

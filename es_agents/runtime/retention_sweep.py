@@ -1,5 +1,6 @@
 """A worker's share of retention: every ``retention_every_seconds`` it archives and
-purges its agent's runs that ended longer ago than the agent's policy keeps them
+purges its agent's runs that ended longer ago than the agent's policy keeps them,
+and deletes payload objects no run claims once past their grace
 (``es_agents.retention``), in a thread of its own so the object store's round trips
 never hold up a step. Several workers of one agent may sweep at once: archiving
 is idempotent (the same events make the same object) and a purge takes the run's
@@ -14,28 +15,22 @@ from es_agents.core.retention import Retention
 from es_agents.errors import EsAgentsError
 from es_agents.ports import Ports
 from es_agents.retention import Retainer
+from es_agents.settings import Settings
 
 log = logging.getLogger(__name__)
 
 
 class RetentionSweep:
     def __init__(
-        self,
-        ports: Ports,
-        topic_prefix: str,
-        agent: str,
-        retention: Retention,
-        every: float,
+        self, ports: Ports, settings: Settings, agent: str, retention: Retention
     ) -> None:
-        self._retainer = Retainer(ports, topic_prefix)
+        self._retainer = Retainer(ports, settings)
         self._agent = agent
         self._retention = retention
-        self._every = every
-        self._active = (
-            retention.purge_after is not None
-            and ports.archives is not None
-            and ports.claims is not None
-        )
+        self._every = settings.retention_every_seconds
+        # Orphaned payload objects are looked after even without a policy (runs
+        # archived or forgotten by hand leave them).
+        self._active = ports.archives is not None and ports.claims is not None
         self._last = 0.0
         self._thread: threading.Thread | None = None
         self.purged = 0  # runs purged by this worker

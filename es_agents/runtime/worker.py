@@ -124,11 +124,7 @@ class Worker:
         self._released = threading.Event()  # a place was freed: admit at once
         self._last = {"timers": 0.0, "schedules": 0.0, "admitted": 0.0}
         self.retention = RetentionSweep(
-            ports,
-            settings.kafka.topic_prefix,
-            agent.name,
-            retention_of(agent, settings),
-            settings.retention_every_seconds,
+            ports, settings, agent.name, retention_of(agent, settings)
         )
         self._fatal: BaseException | None = None
         self.source = ports.subscribe(

@@ -22,12 +22,18 @@ CREATE TABLE IF NOT EXISTS payload_refs (
     PRIMARY KEY (key, run_id)
 );
 CREATE INDEX IF NOT EXISTS payload_refs_run ON payload_refs (run_id);
+-- Objects no run claims any more, to delete once they were written longer ago than
+-- the grace period (a run still going may have just stored the same bytes).
+CREATE TABLE IF NOT EXISTS payload_orphans (
+    key   text        PRIMARY KEY,
+    since timestamptz NOT NULL DEFAULT now()
+);
 DO $$
 BEGIN
     IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'es_reader') THEN
-        GRANT SELECT ON run_archives, payload_refs
+        GRANT SELECT ON run_archives, payload_refs, payload_orphans
             TO es_reader, es_client, es_worker, es_projector;
-        GRANT INSERT, UPDATE, DELETE ON run_archives, payload_refs
+        GRANT INSERT, UPDATE, DELETE ON run_archives, payload_refs, payload_orphans
             TO es_worker, es_projector;
         GRANT DELETE ON run_events, run_snapshots, run_transcripts TO es_worker;
         GRANT INSERT ON run_events TO es_worker;

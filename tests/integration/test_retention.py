@@ -40,11 +40,11 @@ def _json(env: dict[str, str], *args: str, code: int = 0) -> Any:
     return json.loads(done.stdout)
 
 
-def _rows(env: dict[str, str], table: str, run_id: str) -> int:
+def _rows(env: dict[str, str], table: str, value: str, column: str = "run_id") -> int:
     with psycopg.connect(env["ES_AGENTS_DATABASE_URL"]) as conn:
         row = conn.execute(
-            f"SELECT count(*) FROM {table} WHERE run_id = %s",  # noqa: S608
-            (run_id,),
+            f"SELECT count(*) FROM {table} WHERE {column} = %s",  # noqa: S608
+            (value,),
         ).fetchone()
     return int(row[0]) if row else 0
 
@@ -69,7 +69,11 @@ def _exists(store: S3BlobStore, key: str) -> bool:
 def test_archive_purge_refuse_restore(  # noqa: PLR0915 - one scenario
     env: dict[str, str], kafka_settings: KafkaSettings, dev_stack: DevStack
 ) -> None:
-    env = {**env, "ES_AGENTS_PAYLOAD_THRESHOLD": "1024"}
+    env = {
+        **env,
+        "ES_AGENTS_PAYLOAD_THRESHOLD": "1024",
+        "ES_AGENTS_PAYLOAD_DELETE_GRACE_HOURS": "0",  # its objects are seconds old
+    }
     store = _store(dev_stack)
     first, second = (f"run-{uuid.uuid4().hex[:8]}" for _ in range(2))
     for run_id in (first, second):
@@ -133,9 +137,17 @@ def test_archive_purge_refuse_restore(  # noqa: PLR0915 - one scenario
     assert _rows(env, "run_events", first) == 0  # nothing started, nothing added
     assert _json(env, "audit")["problem_count"] == 0
 
-    # The second run's purge deletes the object nobody claims any more.
-    assert _json(env, "archive", second)["deleted_objects"] == 1
-    assert not _exists(store, blob)
+    # The second run's purge leaves the object nobody claims any more while it
+    # is younger than the grace period (a run still going may have just stored
+    # the same bytes); a worker's sweep deletes it once it is past.
+    kept = {**env, "ES_AGENTS_PAYLOAD_DELETE_GRACE_HOURS": "24"}
+    assert _json(kept, "archive", second)["deleted_objects"] == 0
+    assert _exists(store, blob)
+    assert _rows(env, "payload_orphans", blob, column="key") == 1
+    swept = {**env, "ES_AGENTS_RETENTION_EVERY_SECONDS": "0.5"}
+    with worker(swept, "tests.agents:archivist"):
+        until(lambda: not _exists(store, blob), what="the orphan deleted")
+    assert _rows(env, "payload_orphans", blob, column="key") == 0
     assert _json(env, "audit")["problem_count"] == 0
 
     # Restore: rows and payload back, read as before.
