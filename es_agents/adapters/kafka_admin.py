@@ -4,6 +4,7 @@ for anything that would expire records."""
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -28,6 +29,29 @@ log = logging.getLogger(__name__)
 FOREVER = {"retention.ms": "-1", "retention.bytes": "-1"}
 
 
+def list_topics(admin: AdminClient, timeout: float) -> Any:
+    """The cluster's topics (metadata), with a bound of our own: librdkafka's
+    timeout was seen not to fire (a test waited 540 s in ``list_topics`` with
+    ``timeout=30``, the broker serving everyone else). A call still stuck after
+    ``timeout`` + 5 s is left to its thread and ``Unavailable`` raised."""
+    answer: dict[str, Any] = {}
+
+    def ask() -> None:
+        try:
+            answer["topics"] = admin.list_topics(timeout=timeout).topics
+        except KafkaException as e:
+            answer["error"] = e
+
+    thread = threading.Thread(target=ask, daemon=True, name="es-metadata")
+    thread.start()
+    thread.join(timeout + 5)
+    if "error" in answer:
+        raise Unavailable(f"kafka metadata: {answer['error']}") from answer["error"]
+    if "topics" not in answer:
+        raise Unavailable(f"kafka metadata: no answer in {timeout + 5:.0f} s")
+    return answer["topics"]
+
+
 def ensure_topics(
     settings: KafkaSettings, timeout: float = 30.0, fix_retention: bool = False
 ) -> dict[str, int]:
@@ -39,12 +63,16 @@ def ensure_topics(
     The partition count of an existing topic is the topic's own; the configured one
     only applies when creating.
     """
-    admin = AdminClient(_client(settings.to_librdkafka()))
     topics = settings.topics
-    try:
-        existing = admin.list_topics(timeout=timeout).topics
-    except KafkaException as e:
-        raise Unavailable(f"kafka at {settings.bootstrap_servers}: {e}") from e
+    for attempt in (1, 2):  # a stuck metadata call: once more, with a new client
+        admin = AdminClient(_client(settings.to_librdkafka()))
+        try:
+            existing = list_topics(admin, timeout)
+            break
+        except Unavailable as e:
+            if attempt == 2:
+                raise Unavailable(f"kafka at {settings.bootstrap_servers}: {e}") from e
+            log.warning("kafka at %s: %s; asking again", settings.bootstrap_servers, e)
     config = {
         **settings.topic_config,
         **FOREVER,
@@ -187,7 +215,7 @@ def _wait_for_leaders(admin: AdminClient, topics: list[str], timeout: float) -> 
     polled by the retry policy for up to ``timeout`` seconds."""
 
     def metadata() -> Any:
-        existing = admin.list_topics(timeout=timeout).topics
+        existing = list_topics(admin, timeout)
         ready = all(
             t in existing
             and existing[t].partitions
@@ -209,4 +237,4 @@ def _wait_for_leaders(admin: AdminClient, topics: list[str], timeout: float) -> 
                 return metadata()
     except _NotYetKnown:
         pass
-    return admin.list_topics(timeout=timeout).topics  # the caller checks what is there
+    return list_topics(admin, timeout)  # the caller checks what is there
