@@ -83,6 +83,10 @@ class Stops:
     def model(self) -> Any:
         return self.inner.model
 
+    @property
+    def budget(self) -> Budget:
+        return self.inner.budget  # unlimited: runs as long as the bench asks
+
     def versions(self) -> dict[str, str | int]:
         return self.inner.versions()
 
