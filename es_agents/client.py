@@ -740,7 +740,7 @@ class Client:
         ``NotFound`` for a run with none."""
         partition = self._log.partition_for(run_id)
         projected = self._ports.projections.load(run_id, partition, None)
-        if projected.archived is not None:  # purged: its archive holds them
+        if projected.archived is not None and projected.state is None:  # purged
             return [self.reveal(run_id, e) for e in self.retention.events(run_id)]
         events = self._ports.projections.events(run_id)
         after = events[-1].seq if events else -1

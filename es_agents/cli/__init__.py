@@ -12,6 +12,7 @@ import sys
 import click
 
 from es_agents.cli import (
+    acls,
     commands,
     dev,
     inspect,
@@ -43,6 +44,7 @@ from es_agents.errors import (
 )
 
 __all__ = [
+    "acls",
     "cli",
     "commands",
     "dev",

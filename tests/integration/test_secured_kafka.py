@@ -10,9 +10,11 @@ import ipaddress
 import json
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from confluent_kafka import Producer
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
@@ -85,10 +87,13 @@ def _certificates(home: Path) -> tuple[Path, Path]:
     return ca_pem, store
 
 
-@pytest.fixture
-def secured(dev_stack: DevStack, tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """A broker whose only client listener is SASL_SSL: (its address, the CA)."""
-    home = tmp_path / "secured"
+@contextmanager
+def _broker(
+    dev_stack: DevStack, home: Path, users: dict[str, str], authorized: bool
+) -> Iterator[tuple[str, Path]]:
+    """A broker whose only client listener is SASL_SSL, with SCRAM ``users``
+    (name -> password); ``authorized``: with the KRaft authorizer, no ACL no
+    access, ``es-admin`` a super user (and the broker itself, on PLAINTEXT)."""
     home.mkdir()
     ca_pem, store = _certificates(home)
     port, secure_port, controller = free_port(), free_port(), free_port()
@@ -96,6 +101,18 @@ def secured(dev_stack: DevStack, tmp_path: Path) -> Iterator[tuple[str, Path]]:
         home=home, kafka_port=port, kafka_controller_port=controller, kafka_heap="256m"
     )
     jaas = "org.apache.kafka.common.security.scram.ScramLoginModule required ;"
+    authorizer = {
+        "authorizer.class.name": (
+            "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
+        ),
+        "allow.everyone.if.no.acl.found": "false",
+        "super.users": "User:ANONYMOUS;User:es-admin",
+    }
+    scram = [
+        arg
+        for name, password in users.items()
+        for arg in ("--add-scram", f"SCRAM-SHA-256=[name={name},password={password}]")
+    ]
     broker = DevKafka(
         dev,
         lib=dev_stack.kafka.lib,
@@ -113,17 +130,110 @@ def secured(dev_stack: DevStack, tmp_path: Path) -> Iterator[tuple[str, Path]]:
             "ssl.keystore.location": str(store),
             "ssl.keystore.password": STORE_PASSWORD,
             "ssl.key.password": STORE_PASSWORD,
+            **(authorizer if authorized else {}),
         },
-        format_args=(
-            "--add-scram",
-            f"SCRAM-SHA-256=[name={USER},password={PASSWORD}]",
-        ),
+        format_args=tuple(scram),
     )
     broker.start()
     try:
         yield f"127.0.0.1:{secure_port}", ca_pem
     finally:
         broker.stop()
+
+
+@pytest.fixture
+def secured(dev_stack: DevStack, tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A broker whose only client listener is SASL_SSL: (its address, the CA)."""
+    with _broker(dev_stack, tmp_path / "secured", {USER: PASSWORD}, False) as b:
+        yield b
+
+
+def _over(address: str, ca: Path, env: dict[str, str], user: str) -> dict[str, str]:
+    return {
+        **env,
+        "ES_AGENTS_BOOTSTRAP_SERVERS": address,
+        # This test's own broker is a single node, whatever the dev stack is.
+        "ES_AGENTS_REPLICATION_FACTOR": "1",
+        "ES_AGENTS_MIN_INSYNC_REPLICAS": "1",
+        "ES_AGENTS_SECURITY_PROTOCOL": "SASL_SSL",
+        "ES_AGENTS_SASL_MECHANISM": "SCRAM-SHA-256",
+        "ES_AGENTS_SASL_USERNAME": user,
+        "ES_AGENTS_SASL_PASSWORD": f"{user}-secret",
+        "ES_AGENTS_SSL_CA_LOCATION": str(ca),
+        "ES_AGENTS_CONNECT_TIMEOUT": "5",
+    }
+
+
+ROLES = ("es-admin", "es-worker", "es-client", "es-projector", "es-nobody")
+
+
+def _produce(env: dict[str, str], topic: str) -> str:
+    """Write one record to ``topic`` as ``env``'s principal: the error, or ''."""
+    conf = {
+        "bootstrap.servers": env["ES_AGENTS_BOOTSTRAP_SERVERS"],
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": "SCRAM-SHA-256",
+        "sasl.username": env["ES_AGENTS_SASL_USERNAME"],
+        "sasl.password": env["ES_AGENTS_SASL_PASSWORD"],
+        "ssl.ca.location": env["ES_AGENTS_SSL_CA_LOCATION"],
+        "message.timeout.ms": 10_000,
+    }
+    errors: list[str] = []
+    producer = Producer(conf)
+    producer.produce(
+        topic,
+        key=b"run-forged",
+        value=b"forged",
+        on_delivery=lambda err, _msg: errors.append(str(err) if err else ""),
+    )
+    producer.flush(20)
+    assert errors, "no delivery report"
+    return errors[0]
+
+
+def test_acls_let_only_workers_write_events(
+    dev_stack: DevStack, tmp_path: Path, env: dict[str, str]
+) -> None:
+    users = {name: f"{name}-secret" for name in ROLES}
+    with _broker(dev_stack, tmp_path / "acl", users, authorized=True) as (address, ca):
+        admin, worker, client, projector, nobody = (
+            _over(address, ca, env, name) for name in ROLES
+        )
+        assert cli(admin, "topics", "-o", "json").returncode == 0
+        made = cli(
+            admin, "acls", "--worker", "User:es-worker", "--client", "User:es-client",
+            "--projector", "User:es-projector", "--apply", "-o", "json",
+        )  # fmt: skip
+        assert made.returncode == 0, made.stderr[-2000:]
+        assert len(json.loads(made.stdout)) >= 20
+        # Each role does its work with its own principal.
+        started = cli(client, "start", "research", "--input", '{"topic": "acl"}',
+                      "--no-wait", "--queue")  # fmt: skip
+        assert started.returncode == 0, started.stderr[-2000:]
+        run = started.stdout.strip()
+        worked = run_worker(worker, agent="tests.agents:gated")
+        assert worked.returncode == 0, worked.stderr[-2000:]
+        projected = cli(projector, "projector", "--until-caught-up")
+        assert projected.returncode == 0, projected.stderr[-2000:]
+        status = cli(client, "status", run, "-o", "json")
+        assert status.returncode == 0, status.stderr[-2000:]
+        assert json.loads(status.stdout)["status"] == "paused"
+        approved = cli(client, "approve", run, "--by", "ann", "--no-wait")
+        assert approved.returncode == 0, approved.stderr[-2000:]
+        assert run_worker(worker, agent="tests.agents:gated").returncode == 0
+        done = cli(client, "status", run, "-o", "json")
+        assert json.loads(done.stdout)["status"] == "completed"
+        # What each may not write, refused by the broker.
+        prefix = env["ES_AGENTS_TOPIC_PREFIX"]
+        events, commands = f"{prefix}.events", f"{prefix}.commands"
+        assert "TOPIC_AUTHORIZATION_FAILED" in _produce(client, events)
+        assert "TOPIC_AUTHORIZATION_FAILED" in _produce(projector, events)
+        assert "TOPIC_AUTHORIZATION_FAILED" in _produce(projector, commands)
+        assert "TOPIC_AUTHORIZATION_FAILED" in _produce(nobody, commands)
+        assert _produce(worker, f"{prefix}.dlq") == ""  # its own: allowed
+        # A principal without ACLs reads nothing either.
+        denied = cli(nobody, "status", run, "-o", "json")
+        assert denied.returncode != 0
 
 
 def test_worker_projector_and_cli_over_sasl_scram_and_tls(
