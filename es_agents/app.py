@@ -507,6 +507,7 @@ def ensure_topics(settings: Settings, fix_retention: bool = False) -> dict[str, 
     store and partition count runs were placed with are recorded, or checked."""
     if settings.store == "kafka":
         from es_agents.adapters.kafka_admin import ensure_topics as kafka_topics
+        from es_agents.adapters.kafka_deltas import ensure_stream_topic
         from es_agents.adapters.postgres import Database, check_layout
 
         prefix = settings.kafka.topic_prefix
@@ -519,6 +520,7 @@ def ensure_topics(settings: Settings, fix_retention: bool = False) -> dict[str, 
             db.migrate()
             check_layout(db, prefix, None, "kafka")
             counts = kafka_topics(settings.kafka, fix_retention=fix_retention)
+            ensure_stream_topic(settings.kafka)  # the answers' stream (kept an hour)
             check_layout(db, prefix, counts[settings.kafka.events_topic], "kafka")
         finally:
             db.close()

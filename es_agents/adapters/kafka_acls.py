@@ -5,15 +5,16 @@ keep it off the topic in the first place. Three roles, each a principal (a SASL
 user, ``User:name``):
 
 - **worker**: writes events, its own commands (timers, schedules, admissions) and
-  dead letters, and the stream of answers (creating that topic on first use);
+  dead letters, and the stream of answers;
 - **client**: writes commands only;
 - **projector**: writes dead letters only.
 
 All three read and describe every topic of the prefix and use consumer groups (and
 the worker transactional ids) named after it: every group and transactional id
 es-agents makes starts with ``PREFIX.``, so those bindings are PREFIXED. Creating the
-topics (``es-agents topics``) and the ACLs (``es-agents acls --apply``) is for an
-administrator: a principal given ``super.users`` on the brokers.
+topics (``es-agents topics``, the answers' stream included) and the ACLs
+(``es-agents acls --apply``) is for an administrator: a principal given
+``super.users`` on the brokers; no role creates anything.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def grants(
     allow(worker, "topic", settings.events_topic, "literal", "WRITE")
     allow(worker, "topic", settings.commands_topic, "literal", "WRITE")
     allow(worker, "topic", settings.dlq_topic, "literal", "WRITE")
-    allow(worker, "topic", settings.stream_topic, "literal", "WRITE", "CREATE")
+    allow(worker, "topic", settings.stream_topic, "literal", "WRITE")
     allow(worker, "transactional_id", prefix, "prefixed", "WRITE", "DESCRIBE")
     allow(client, "topic", settings.commands_topic, "literal", "WRITE")
     allow(projector, "topic", settings.dlq_topic, "literal", "WRITE")

@@ -22,7 +22,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka import TopicPartition as TP
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
-from es_agents.adapters.kafka_admin import _wait_for_leaders
+from es_agents.adapters.kafka_admin import _wait_for_leaders, list_topics
 from es_agents.adapters.kafka_producer import _client
 from es_agents.errors import Unavailable
 from es_agents.partitioner import partition_for
@@ -38,10 +38,7 @@ def ensure_stream_topic(settings: KafkaSettings, timeout: float = 30.0) -> int:
     """Create ``<prefix>.stream`` when missing; its partition count."""
     admin = AdminClient(_client(settings.to_librdkafka()))
     topic = settings.stream_topic
-    try:
-        found = admin.list_topics(topic, timeout=timeout).topics.get(topic)
-    except KafkaException as e:
-        raise Unavailable(f"kafka at {settings.bootstrap_servers}: {e}") from e
+    found = list_topics(admin, timeout).get(topic)
     if found is not None and found.error is None and found.partitions:
         return len(found.partitions)
     new = NewTopic(
