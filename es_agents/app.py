@@ -532,6 +532,21 @@ def ensure_topics(settings: Settings, fix_retention: bool = False) -> dict[str, 
         ports.close()
 
 
+def kafka_acls(
+    settings: Settings, worker: str, client: str, projector: str, apply: bool
+) -> list[Any]:
+    """The Kafka ACLs of the topic prefix for the three roles; created when
+    ``apply`` (``es_agents.adapters.kafka_acls``)."""
+    from es_agents.adapters import kafka_acls as acls
+
+    wanted = acls.grants(
+        settings.kafka, worker=worker, client=client, projector=projector
+    )
+    if apply:
+        acls.apply(settings.kafka, wanted)
+    return wanted
+
+
 def migrate(settings: Settings, dry_run: bool = False) -> list[Any]:
     """Apply the SQL migrations not applied yet (or list them: ``dry_run``)."""
     from es_agents.adapters.postgres import Database

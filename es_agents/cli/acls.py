@@ -23,13 +23,10 @@ def acls(worker: str, client: str, projector: str, apply_them: bool) -> None:
     projectors write dead letters; all three read the prefix's topics and use its
     groups. Printed, and with --apply created (the brokers need an authorizer and
     allow.everyone.if.no.acl.found=false for them to bind)."""
-    from es_agents.adapters.kafka_acls import apply, grants  # noqa: PLC0415
+    from es_agents.app import kafka_acls  # noqa: PLC0415
     from es_agents.settings import load_settings  # noqa: PLC0415
 
-    settings = load_settings()
-    wanted = grants(settings.kafka, worker=worker, client=client, projector=projector)
-    if apply_them:
-        apply(settings.kafka, wanted)
+    wanted = kafka_acls(load_settings(), worker, client, projector, apply_them)
     rows = [asdict(g) for g in wanted]
     if machine():
         emit_many(rows)
