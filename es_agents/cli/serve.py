@@ -27,8 +27,9 @@ from es_agents.cli.base import cli, emit, emit_many, machine, output_option
 @output_option
 def topics(partitions: int | None, fix_retention: bool) -> None:
     """Create the commands, events and DLQ topics (idempotent) and check them:
-    retention forever, commands and events with the same partition count. On the
-    Postgres store: the tables and the topics' partitions."""
+    retention forever, commands and events with the same partition count; and the
+    answers' stream (kept an hour). On the Postgres store: the tables and the
+    topics' partitions."""
     from es_agents.app import ensure_topics  # noqa: PLC0415
     from es_agents.settings import load_settings  # noqa: PLC0415
 

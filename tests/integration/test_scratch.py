@@ -42,6 +42,7 @@ def test_a_bench_leaves_neither_topics_nor_a_database(dev_stack: object) -> None
             kafka.commands_topic,
             kafka.events_topic,
             kafka.dlq_topic,
+            kafka.stream_topic,  # the answers' stream, made with the others
         }
         assert _database_exists(url)
     # Deleted when the bench ends; the broker's metadata may take a moment to say so.
