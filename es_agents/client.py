@@ -200,9 +200,7 @@ class Client:
             return CommandResult(command, "refused", plain)
         if unserved == "refuse" and (unknown := self._unserved(agent)) is not None:
             return CommandResult(command, "refused", unknown)
-        known = self._loader.load(run_id, restore=False)
-        exists = known.state is not None or known.archived is not None
-        taken = self._book.reserve_start(command, exists)
+        taken = self._book.reserve_start(command, self._known(run_id))
         if taken is not None:
             return CommandResult(command, "refused", taken)
         try:

@@ -148,7 +148,10 @@ def secured(dev_stack: DevStack, tmp_path: Path) -> Iterator[tuple[str, Path]]:
         yield b
 
 
-def _over(address: str, ca: Path, env: dict[str, str], user: str) -> dict[str, str]:
+def _over(
+    address: str, ca: Path, env: dict[str, str], user: str, password: str = ""
+) -> dict[str, str]:
+    """``env`` over the SASL_SSL broker as ``user`` (password: ``<user>-secret``)."""
     return {
         **env,
         "ES_AGENTS_BOOTSTRAP_SERVERS": address,
@@ -158,10 +161,32 @@ def _over(address: str, ca: Path, env: dict[str, str], user: str) -> dict[str, s
         "ES_AGENTS_SECURITY_PROTOCOL": "SASL_SSL",
         "ES_AGENTS_SASL_MECHANISM": "SCRAM-SHA-256",
         "ES_AGENTS_SASL_USERNAME": user,
-        "ES_AGENTS_SASL_PASSWORD": f"{user}-secret",
+        "ES_AGENTS_SASL_PASSWORD": password or f"{user}-secret",
         "ES_AGENTS_SSL_CA_LOCATION": str(ca),
         "ES_AGENTS_CONNECT_TIMEOUT": "5",
     }
+
+
+def _to_the_gate(
+    client: dict[str, str],
+    worker: dict[str, str],
+    projector: dict[str, str],
+    topic: str,
+) -> str:
+    """A run started (queued before any worker), worked to its gate and projected,
+    each by its own environment; its id, once ``status`` says paused."""
+    started = cli(client, "start", "research", "--input", f'{{"topic": "{topic}"}}',
+                  "--no-wait", "--queue")  # fmt: skip
+    assert started.returncode == 0, started.stderr[-2000:]
+    run = started.stdout.strip()
+    worked = run_worker(worker, agent="tests.agents:gated")
+    assert worked.returncode == 0, worked.stderr[-2000:]
+    projected = cli(projector, "projector", "--until-caught-up")
+    assert projected.returncode == 0, projected.stderr[-2000:]
+    status = cli(client, "status", run, "-o", "json")
+    assert status.returncode == 0, status.stderr[-2000:]
+    assert json.loads(status.stdout)["status"] == "paused"
+    return run
 
 
 ROLES = ("es-admin", "es-worker", "es-client", "es-projector", "es-nobody")
@@ -207,17 +232,7 @@ def test_acls_let_only_workers_write_events(
         assert made.returncode == 0, made.stderr[-2000:]
         assert len(json.loads(made.stdout)) >= 20
         # Each role does its work with its own principal.
-        started = cli(client, "start", "research", "--input", '{"topic": "acl"}',
-                      "--no-wait", "--queue")  # fmt: skip
-        assert started.returncode == 0, started.stderr[-2000:]
-        run = started.stdout.strip()
-        worked = run_worker(worker, agent="tests.agents:gated")
-        assert worked.returncode == 0, worked.stderr[-2000:]
-        projected = cli(projector, "projector", "--until-caught-up")
-        assert projected.returncode == 0, projected.stderr[-2000:]
-        status = cli(client, "status", run, "-o", "json")
-        assert status.returncode == 0, status.stderr[-2000:]
-        assert json.loads(status.stdout)["status"] == "paused"
+        run = _to_the_gate(client, worker, projector, "acl")
         approved = cli(client, "approve", run, "--by", "ann", "--no-wait")
         assert approved.returncode == 0, approved.stderr[-2000:]
         assert run_worker(worker, agent="tests.agents:gated").returncode == 0
@@ -240,32 +255,9 @@ def test_worker_projector_and_cli_over_sasl_scram_and_tls(
     secured: tuple[str, Path], env: dict[str, str]
 ) -> None:
     address, ca = secured
-    env = {
-        **env,
-        "ES_AGENTS_BOOTSTRAP_SERVERS": address,
-        # This test's own broker is a single node, whatever the dev stack is.
-        "ES_AGENTS_REPLICATION_FACTOR": "1",
-        "ES_AGENTS_MIN_INSYNC_REPLICAS": "1",
-        "ES_AGENTS_SECURITY_PROTOCOL": "SASL_SSL",
-        "ES_AGENTS_SASL_MECHANISM": "SCRAM-SHA-256",
-        "ES_AGENTS_SASL_USERNAME": USER,
-        "ES_AGENTS_SASL_PASSWORD": PASSWORD,
-        "ES_AGENTS_SSL_CA_LOCATION": str(ca),
-        "ES_AGENTS_CONNECT_TIMEOUT": "5",
-    }
+    env = _over(address, ca, env, USER, PASSWORD)
     assert cli(env, "topics", "-o", "json").returncode == 0
-    started = cli(
-        env, "start", "research", "--input", '{"topic": "tls"}', "--no-wait", "--queue"
-    )  # before any worker: queued for the one that comes
-    assert started.returncode == 0, started.stderr[-2000:]
-    run = started.stdout.strip()
-    worked = run_worker(env, agent="tests.agents:gated")
-    assert worked.returncode == 0, worked.stderr[-2000:]
-    projected = cli(env, "projector", "--until-caught-up")
-    assert projected.returncode == 0, projected.stderr[-2000:]
-    status = cli(env, "status", run, "-o", "json")
-    assert status.returncode == 0, status.stderr[-2000:]
-    assert json.loads(status.stdout)["status"] == "paused"
+    run = _to_the_gate(env, env, env, "tls")
 
     wrong = {**env, "ES_AGENTS_SASL_PASSWORD": "not-the-password"}
     began = time.monotonic()
