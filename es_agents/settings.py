@@ -63,6 +63,13 @@ class KafkaSettings(BaseSettings):
     linger_ms: float = Field(
         default=0.0, ge=0, description="0 = send each append at once"
     )
+    batch_linger_ms: float = Field(
+        default=0.5,
+        ge=0,
+        description="How long the producer of batches of several runs' steps waits "
+        "for more before it sends (a lone run's step goes at once); 0 = one producer "
+        "for all, sending at once",
+    )
     delivery_timeout_ms: int = Field(
         default=30_000,
         ge=1_000,

@@ -458,8 +458,11 @@ class Projector:
 
     def _write(self, conn: psycopg.Connection[Any], batch: Batch) -> None:
         with conn.cursor() as cur:
-            if batch.events:  # one statement for the batch: arrays, unnested
-                cur.execute(_INSERT_EVENTS, _columns(batch.events, 10))
+            if batch.events or batch.runs:
+                cur.execute(_STAGING)
+            if batch.events:  # copied in, then one statement for the batch
+                _copy(cur, "stage_events", _EVENT_COLUMNS, batch.events)
+                cur.execute(_INSERT_EVENTS)
             if batch.chunks:
                 cur.executemany(
                     "INSERT INTO run_transcripts (run_id, chunk, messages, mac) "
@@ -495,7 +498,8 @@ class Projector:
                 )
             if batch.runs:
                 rows = [_run_row(*run) for run in batch.runs.values()]
-                cur.execute(_UPSERT_RUNS, _columns(rows, len(_COLUMNS)))
+                _copy(cur, "stage_runs", _COLUMNS, rows)
+                cur.execute(_UPSERT_RUNS)
             cur.executemany(
                 "INSERT INTO projector_offsets "
                 "(group_id, topic, partition, next_offset, floors) "
@@ -510,39 +514,53 @@ class Projector:
             )
 
 
-# A batch goes into each table in one statement: a column of values per array,
-# unnested (psycopg's executemany would send one statement per row).
-_INSERT_EVENTS = (
-    "INSERT INTO run_events (run_id, seq, step, type, event_id, at, partition, "
-    '"offset", payload, mac) SELECT * FROM unnest(%s::text[], %s::bigint[], '
-    "%s::integer[], %s::text[], %s::text[], %s::timestamptz[], %s::integer[], "
-    "%s::bigint[], %s::bytea[], %s::text[]) ON CONFLICT DO NOTHING"
+# A batch's events and runs are copied (COPY, whose rows psycopg formats in C) into
+# tables of the session that empty at commit, then go into their tables in one
+# statement each. Binding them as arrays instead cost the projector three times the
+# CPU: psycopg dumps array parameters in Python, element by element.
+_EVENT_COLUMNS = (
+    "run_id",
+    "seq",
+    "step",
+    "type",
+    "event_id",
+    "at",
+    "partition",
+    '"offset"',
+    "payload",
+    "mac",
 )
 _COLUMNS = (*RUN_COLUMNS, "partition", "last_offset", "head")
-_TYPES = {  # the runs columns' types, for their arrays
-    "step": "integer",
-    "last_seq": "bigint",
-    "wake_at": "timestamptz",
-    "reducer_version": "integer",
-    "prompt_tokens": "bigint",
-    "completion_tokens": "bigint",
-    "model_calls": "integer",
-    "tool_calls": "integer",
-    "reconciled_calls": "integer",
-    "started_at": "timestamptz",
-    "updated_at": "timestamptz",
-    "origin_seq": "bigint",
-    "partition": "integer",
-    "last_offset": "bigint",
-}
+_STAGING = (
+    "CREATE TEMP TABLE IF NOT EXISTS stage_events "
+    "(LIKE run_events INCLUDING DEFAULTS) ON COMMIT DELETE ROWS; "
+    "CREATE TEMP TABLE IF NOT EXISTS stage_runs "
+    "(LIKE runs INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+)
+_INSERT_EVENTS = (
+    f"INSERT INTO run_events ({', '.join(_EVENT_COLUMNS)}) "  # noqa: S608 - fixed
+    f"SELECT {', '.join(_EVENT_COLUMNS)} FROM stage_events ON CONFLICT DO NOTHING"
+)
 _UPSERT_RUNS = (
     f"INSERT INTO runs ({', '.join(_COLUMNS)}) "  # noqa: S608 - fixed column names
-    "SELECT * FROM unnest("
-    + ", ".join(f"%s::{_TYPES.get(c, 'text')}[]" for c in _COLUMNS)
-    + ") ON CONFLICT (run_id) DO UPDATE SET "
+    f"SELECT {', '.join(_COLUMNS)} FROM stage_runs "
+    "ON CONFLICT (run_id) DO UPDATE SET "
     + ", ".join(f"{c} = EXCLUDED.{c}" for c in _COLUMNS[1:])
     + " WHERE runs.last_seq < EXCLUDED.last_seq"
 )
+
+
+def _copy(
+    cur: psycopg.Cursor[Any],
+    table: str,
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+) -> None:
+    with cur.copy(
+        f"COPY {table} ({', '.join(columns)}) FROM STDIN"
+    ) as copy:
+        for row in rows:
+            copy.write_row(row)
 
 
 def _columns(rows: Sequence[Sequence[Any]], width: int) -> list[list[Any]]:

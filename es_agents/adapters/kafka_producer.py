@@ -35,6 +35,10 @@ def _client(conf: Mapping[str, object]) -> dict[str, Any]:
     return {**conf, "error_cb": _error_cb, "logger": _client_log}
 
 
+# A batch of at least this many records (the steps of two runs or more) goes through
+# the batch producer; fewer (a lone run's step) through the one that sends at once.
+_BATCH_RECORDS = 4
+
 # A record to produce: key, value, headers.
 Record3 = tuple[str | None, bytes, list[tuple[str, str | bytes | None]]]
 
@@ -94,14 +98,38 @@ class KafkaProducerLink:
         self.settings = settings
         self._producer = Producer(_client(settings.producer_config()))
         self._closed = threading.Event()
-        self._poller = threading.Thread(
-            target=self._poll, name="es-kafka-acks", daemon=True
-        )
-        self._poller.start()
+        self._pollers = [
+            threading.Thread(
+                target=self._poll,
+                args=(self._producer,),
+                name="es-kafka-acks",
+                daemon=True,
+            )
+        ]
+        self._batcher: Producer | None = None
+        if settings.batch_linger_ms > 0:
+            self._batcher = Producer(
+                _client(
+                    {
+                        **settings.producer_config(),
+                        "linger.ms": settings.batch_linger_ms,
+                    }
+                )
+            )
+            self._pollers.append(
+                threading.Thread(
+                    target=self._poll,
+                    args=(self._batcher,),
+                    name="es-kafka-batch-acks",
+                    daemon=True,
+                )
+            )
+        for poller in self._pollers:
+            poller.start()
 
-    def _poll(self) -> None:
+    def _poll(self, producer: Producer) -> None:
         while not self._closed.is_set():
-            self._producer.poll(0.05)
+            producer.poll(0.05)
 
     def produce(
         self,
@@ -176,8 +204,15 @@ class KafkaProducerLink:
         then: Callable[[list[Position], Exception | None], None] | None,
     ) -> _Acks:
         acks = _Acks(len(records), f"{topic}[{partition}]", then)
+        producer = (
+            self._batcher
+            if self._batcher is not None and len(records) >= _BATCH_RECORDS
+            else self._producer
+        )
         for key, value, headers in records:
-            self._produce(topic, key, value, headers, partition, acks.delivered)
+            self._produce(
+                topic, key, value, headers, partition, acks.delivered, producer
+            )
         return acks
 
     def _produce(  # noqa: PLR0917 - librdkafka's produce, one place
@@ -188,12 +223,14 @@ class KafkaProducerLink:
         headers: list[tuple[str, str | bytes | None]] | None,
         partition: int | None,
         delivered: Callable[[KafkaError | None, Message], None],
+        producer: Producer | None = None,
     ) -> None:
         """Hand one record to librdkafka (``partition`` None: the partitioner's
         choice by key), waiting while its local queue is full."""
+        producer = producer or self._producer
         while True:
             try:
-                self._producer.produce(
+                producer.produce(
                     topic,
                     value=value,
                     key=key,
@@ -204,7 +241,7 @@ class KafkaProducerLink:
                 )
             except BufferError:
                 # The local queue is full: wait for acknowledgements to drain it.
-                self._producer.poll(0.01)
+                producer.poll(0.01)
             except KafkaException as e:
                 raise AppendError(f"{topic} key {key}: cannot produce: {e}") from e
             else:
@@ -237,5 +274,8 @@ class KafkaProducerLink:
 
     def close(self) -> None:
         self._producer.flush(self.settings.delivery_timeout_ms / 1000)
+        if self._batcher is not None:
+            self._batcher.flush(self.settings.delivery_timeout_ms / 1000)
         self._closed.set()
-        self._poller.join()
+        for poller in self._pollers:
+            poller.join()
