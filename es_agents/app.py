@@ -197,7 +197,7 @@ def _kafka_ports(
 
     kafka = settings.kafka
     db = _database(settings, pool_size, db_timeout, member)
-    log = KafkaEventLog(kafka, restore=restore)
+    log = KafkaEventLog(kafka, restore=restore, keep_tails=member)
     dlq = DeadLetterQueue(log, kafka.dlq_topic)
 
     def subscribe(topic: str, group: str, decode: Any, **kw: Any) -> Any:

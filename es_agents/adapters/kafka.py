@@ -23,6 +23,7 @@ from confluent_kafka import (
 
 from es_agents.adapters.coded_log import CodedLog
 from es_agents.adapters.kafka_producer import KafkaProducerLink, _client
+from es_agents.adapters.kept_tail import KeptTail
 from es_agents.codec import AvroCodec
 from es_agents.core.chain import Sealed
 from es_agents.core.commands import Command
@@ -142,9 +143,15 @@ class KafkaEventLog(CodedLog):
         codec: AvroCodec | None = None,
         link: KafkaProducerLink | None = None,
         restore: Callable[[Event], Event] | None = None,
+        *,
+        keep_tails: bool = False,
     ) -> None:
+        """``keep_tails``: keep what reads of a run's events read of its partition
+        (``KeptTail``): for a worker, which loads many runs of its partitions."""
         self.settings = settings
         super().__init__(codec, restore)
+        self._tails: dict[int, KeptTail] | None = {} if keep_tails else None
+        self._given_up: dict[int, int] = {}  # partition -> end when it grew too long
         self._owns_link = link is None
         self.link = link if link is not None else KafkaProducerLink(settings)
         self._reader: Consumer | None = None
@@ -264,7 +271,7 @@ class KafkaEventLog(CodedLog):
                     continue  # the worker dead-letters it
         return commands
 
-    def read_partition(  # noqa: PLR0912 - a branch per kind of fetched message
+    def read_partition(
         self,
         topic: str,
         partition: int,
@@ -290,7 +297,7 @@ class KafkaEventLog(CodedLog):
         ``key``: only that key's records (and the keyless claims the fence needs)
         are made into records; the others are passed over unparsed.
         """
-        wanted = key.encode() if key is not None else None
+        wanted = key
         fence = None
         if topic == self.settings.events_topic:
             if isinstance(floors, EpochFence):
@@ -298,49 +305,121 @@ class KafkaEventLog(CodedLog):
                 fence.auth = fence.auth or self.auth
             else:
                 fence = EpochFence(floors, self.auth)
+        tails = self._tails
+        if key is not None and tails is not None and fence is not None:
+            records: Iterator[Record] = self._kept(
+                tails, partition, start, at_least, key
+            )
+        else:
+            records = self._read(topic, partition, start, at_least, wanted)
+        for record in records:
+            forged = fence.forged if fence is not None else 0
+            if fence is None or fence.admits(record.headers, record.value):
+                yield record
+            elif fence.forged > forged:
+                self.left_out(record)
+            elif fence.ignored > self.fenced_writes.get(partition, 0):
+                self.fenced_writes[partition] = fence.ignored
+
+    def _kept(
+        self,
+        tails: dict[int, KeptTail],
+        partition: int,
+        start: int,
+        at_least: int,
+        key: str,
+    ) -> Iterator[Record]:
+        """``key``'s records and the claims from ``start``, the stretch of the
+        partition read before taken from memory (``KeptTail``), only what came
+        after it read from the log."""
+        topic = self.settings.events_topic
+        asked = time.monotonic()
         with self._reader_lock:
-            reader = self._reader_consumer()
-            tp = TopicPartition(topic, partition)
-            # An explicit offset, even 0: OFFSET_BEGINNING costs an offset lookup
-            # that librdkafka answers ~500 ms later. Below the log's start (records
-            # deleted), the reader's auto.offset.reset=earliest applies.
-            reader.assign([TopicPartition(topic, partition, start)])
-            started = time.monotonic()
-            checked = started
-            try:
-                while True:
-                    batch = consume_now(reader, 2000, 0.001)
-                    for msg in batch:
-                        if _is_eof(msg):
-                            if (msg.offset() or 0) >= at_least:
-                                return
-                            continue  # our own commit's markers are not written yet
-                        if msg.error() is not None:
-                            raise Unavailable(f"{topic}[{partition}]: {msg.error()}")
-                        if wanted is not None and msg.key() not in (None, wanted):
-                            continue  # another run's record
-                        record = to_record(msg)
-                        forged = fence.forged if fence is not None else 0
-                        if fence is None or fence.admits(record.headers, record.value):
-                            yield record
-                        elif fence.forged > forged:
-                            self.left_out(record)
-                        elif fence.ignored > self.fenced_writes.get(partition, 0):
-                            self.fenced_writes[partition] = fence.ignored
-                    now = time.monotonic()
-                    if not batch and now - checked > 0.05:
-                        # No end reported for a while: ask the broker where the end is.
-                        checked = now
-                        high = _watermarks(reader, tp)[1]
-                        position = reader.position([tp])[0].offset
-                        if position >= max(high, at_least):
+            tail = tails.get(partition)
+            behind = start < self._given_up.get(partition, -1)
+            if behind or (tail is not None and not tail.covers(start)):
+                # Below what is kept (a run resumed from the log's start), or a
+                # stretch too long to keep: read it.
+                return iter(
+                    list(self._read_locked(topic, partition, start, at_least, key))
+                )
+            if tail is None or start > tail.end:
+                tail = tails[partition] = KeptTail(start)
+            if not tail.current_for(asked, at_least):
+                began, end = time.monotonic(), [tail.end]
+                for record in self._read_locked(
+                    topic, partition, tail.end, at_least, None, end
+                ):
+                    tail.add(record)
+                tail.read_to(end[0], began)
+            tail.drop_below(start)
+            found = list(tail.of(key, start))
+            if tail.full:  # a projector far behind: read the log until it caught up
+                del tails[partition]
+                self._given_up[partition] = tail.end
+        return iter(found)
+
+    def _read(
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        at_least: int,
+        wanted: str | None,
+    ) -> Iterator[Record]:
+        with self._reader_lock:
+            yield from self._read_locked(topic, partition, start, at_least, wanted)
+
+    def _read_locked(  # noqa: PLR0917 - one read's parameters
+        self,
+        topic: str,
+        partition: int,
+        start: int,
+        at_least: int,
+        wanted: str | None,
+        end: list[int] | None = None,
+    ) -> Iterator[Record]:
+        """The partition's records from ``start`` to its end (``end[0]`` is set to
+        it), only ``wanted``'s and the keyless ones if given. The reader's lock is
+        held."""
+        key = wanted.encode() if wanted is not None else None
+        reader = self._reader_consumer()
+        tp = TopicPartition(topic, partition)
+        # An explicit offset, even 0: OFFSET_BEGINNING costs an offset lookup
+        # that librdkafka answers ~500 ms later. Below the log's start (records
+        # deleted), the reader's auto.offset.reset=earliest applies.
+        reader.assign([TopicPartition(topic, partition, start)])
+        started = time.monotonic()
+        checked = started
+        try:
+            while True:
+                batch = consume_now(reader, 2000, 0.001)
+                for msg in batch:
+                    if _is_eof(msg):
+                        if (msg.offset() or 0) >= at_least:
+                            if end is not None:
+                                end[0] = msg.offset() or 0
                             return
-                    if now - started > 30:
-                        raise Unavailable(
-                            f"{topic}[{partition}]: no end reached in 30 s"
-                        )
-            finally:
-                reader.unassign()
+                        continue  # our own commit's markers are not written yet
+                    if msg.error() is not None:
+                        raise Unavailable(f"{topic}[{partition}]: {msg.error()}")
+                    if key is not None and msg.key() not in (None, key):
+                        continue  # another run's record
+                    yield to_record(msg)
+                now = time.monotonic()
+                if not batch and now - checked > 0.05:
+                    # No end reported for a while: ask the broker where the end is.
+                    checked = now
+                    high = _watermarks(reader, tp)[1]
+                    position = reader.position([tp])[0].offset
+                    if position >= max(high, at_least):
+                        if end is not None:
+                            end[0] = position
+                        return
+                if now - started > 30:
+                    raise Unavailable(f"{topic}[{partition}]: no end reached in 30 s")
+        finally:
+            reader.unassign()
 
     def _reader_consumer(self) -> Consumer:
         if self._reader is None:
