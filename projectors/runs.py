@@ -556,9 +556,7 @@ def _copy(
     columns: Sequence[str],
     rows: Sequence[Sequence[Any]],
 ) -> None:
-    with cur.copy(
-        f"COPY {table} ({', '.join(columns)}) FROM STDIN"
-    ) as copy:
+    with cur.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
         for row in rows:
             copy.write_row(row)
 
