@@ -28,6 +28,7 @@ from es_agents.core.approvals import (
     judge,
     pause_of,
     signed_payload,
+    unproven,
 )
 from es_agents.core.commands import Approve, Reject
 from es_agents.core.events import ApprovalRecorded, DecisionRefused, Event
@@ -218,12 +219,33 @@ class Approvals:
             "command_id": command.command_id,
             "key_id": command.key_id,
             "args_hash": pause.args_hash if pause is not None else None,
+            "signature": command.signature,
+            "expires_at": command.expires_at,
         }
         count = len(pause.approvals) + 1 if pause is not None else 1
         return Judged(
             [(ApprovalRecorded, recorded)],
             note=f"approval {count} of {policy.quorum} recorded; "
             "the run waits for the others",
+        )
+
+    def unproven(self, state: RunState, gate: str) -> str | None:
+        """Why the approval the run holds for ``gate`` does not prove itself from
+        the log (a gate whose policy wants signed decisions), or None: verified
+        again before the approved call runs, whoever appended it."""
+        policy = self.policies.get(gate)
+        if gate in self.escalations and escalated(state, gate):
+            policy = self.escalations[gate]
+        decided = state.gate_decisions.get(gate)
+        if policy is None or decided is None:
+            return None
+        return unproven(
+            state.run_id,
+            gate,
+            decided,
+            policy,
+            key_of=self.keyring.get,
+            verifies=verify,
         )
 
     def check(

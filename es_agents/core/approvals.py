@@ -16,7 +16,7 @@ is recorded as ``approval_recorded``; the one that completes it resumes the run.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -225,3 +225,73 @@ def judge(  # noqa: PLR0911, PLR0912 - one return per reason
     if command.by in pause.approvals:
         return Verdict(f"{command.by!r} already approved gate {pause.gate!r}")
     return Verdict(complete=len(pause.approvals) + 1 >= policy.quorum)
+
+
+def unproven(  # noqa: PLR0911 - one return per reason
+    run_id: str,
+    gate: str,
+    decided: Mapping[str, object],
+    policy: ApprovalPolicy,
+    *,
+    key_of: Callable[[str], ApproverKey | None],
+    verifies: Callable[[bytes, bytes, bytes], bool],
+) -> str | None:
+    """Why the approval ``decided`` (the run's ``gate_decisions[gate]``) does not
+    prove itself under a ``signed`` ``policy``, or None when it does.
+
+    Checked again from the log alone, whoever appended it: each signed approval
+    kept with the decision (``signed``) verifies over the pause it answered with
+    the key it names, that key is its approver's and the approver may decide the
+    gate, it was appended before it expired and approves the arguments decided;
+    and as many distinct approvers signed as the quorum takes. ``key_of``: the
+    registered key by id; ``verifies(public_key, payload, signature)``."""
+    if not policy.signed or decided.get("reason") != "approved":
+        return None
+    evidence = decided.get("signed")
+    if not isinstance(evidence, list) or not evidence:
+        return f"gate {gate!r} requires signed approvals; the decision carries none"
+    approvers: set[str] = set()
+    for item in evidence:
+        if not isinstance(item, dict):
+            return "a signed approval's evidence is not readable"
+        by, key_id = str(item.get("by")), str(item.get("key_id"))
+        try:
+            expires = datetime.fromisoformat(str(item.get("expires_at")))
+            at = datetime.fromisoformat(str(item.get("at")))
+            signature = bytes.fromhex(str(item.get("signature")))
+            pause = Pause(
+                run_id,
+                gate,
+                int(item["step"]),
+                int(item["seq"]),
+                item.get("args_hash")
+                if isinstance(item.get("args_hash"), str)
+                else None,
+                (),
+            )
+        except (KeyError, TypeError, ValueError):
+            return f"the approval by {by!r}: its evidence is not readable"
+        key = key_of(key_id)
+        if key is None:
+            return f"the approval by {by!r}: key {key_id} is not registered"
+        if key.identity != by:
+            return f"the approval by {by!r}: key {key_id} is {key.identity!r}'s"
+        if not policy.allows(by, key.roles):
+            return f"the approval by {by!r}: {by!r} may not decide gate {gate!r}"
+        if pause.args_hash != decided.get("args_hash"):
+            return f"the approval by {by!r} approved other arguments"
+        if at > expires:
+            return f"the approval by {by!r} was appended after it expired"
+        payload = signed_payload(pause, "approved", by, key_id, expires)
+        if not verifies(key.public_key, payload, signature):
+            return (
+                f"the approval by {by!r}: the signature does not verify (forged or "
+                "altered after it was judged)"
+            )
+        approvers.add(by)
+    if len(approvers) < policy.quorum:
+        return (
+            f"gate {gate!r} takes {policy.quorum} signed approvals; "
+            f"{len(approvers)} verify"
+        )
+    return None

@@ -164,6 +164,11 @@ class Resumed(Event):
     input_json: str | None = None
     claims: tuple[PayloadClaim, ...] = ()
     args_hash: str | None = None  # an approval: the arguments it approved
+    # A signed approval, as its command carried it (verified again before the
+    # approved call runs: the writer's MAC shows who appended, not who decided).
+    key_id: str | None = None
+    signature: bytes | None = None
+    expires_at: datetime | None = None
 
 
 class MessageReceived(Event):
@@ -205,6 +210,8 @@ class ApprovalRecorded(Event):
     command_id: str
     key_id: str | None = None
     args_hash: str | None = None
+    signature: bytes | None = None  # a signed approval's, kept to verify again
+    expires_at: datetime | None = None
 
 
 class DecisionRefused(Event):

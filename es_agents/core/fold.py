@@ -308,9 +308,15 @@ def _(event: Interrupted, state: RunState) -> None:
 def _(event: Resumed, state: RunState) -> None:
     if state.status not in ("paused", "blocked"):
         raise FoldError(f"run {state.run_id} is {state.status}; cannot resume")
-    gate = state.waiting.gate if state.waiting is not None else None
-    if event.reason == "approved" and event.input_json and state.waiting is not None:
-        _edit_call(state, state.waiting.detail_json, event.input_json)
+    waiting = state.waiting
+    gate = waiting.gate if waiting is not None else None
+    signed: list[JsonValue] = []
+    if waiting is not None and gate is not None:
+        signed = list(waiting.signed)
+        if event.signature is not None and event.key_id is not None:
+            signed.append(_evidence(state, waiting, event, event.key_id))
+    if event.reason == "approved" and event.input_json and waiting is not None:
+        _edit_call(state, waiting.detail_json, event.input_json)
     state.status = "running"
     state.waiting = None
     state.last_resume = LastResume(
@@ -327,6 +333,7 @@ def _(event: Resumed, state: RunState) -> None:
             "seq": event.seq,
             **({"args_hash": event.args_hash} if event.args_hash else {}),
             **({"input_json": event.input_json} if event.input_json else {}),
+            **({"signed": signed} if signed else {}),
         }
     if event.command_id is not None:
         state.command_ids.add(event.command_id)
@@ -413,7 +420,30 @@ def _(event: ApprovalRecorded, state: RunState) -> None:
     if waiting is None or waiting.reason != "awaiting_approval":
         raise FoldError(f"run {state.run_id} does not wait for an approval")
     waiting.approvals.append(event.by)
+    if event.signature is not None and event.key_id is not None:
+        waiting.signed.append(_evidence(state, waiting, event, event.key_id))
     state.command_ids.add(event.command_id)
+
+
+def _evidence(
+    state: RunState,
+    waiting: Waiting,
+    event: Resumed | ApprovalRecorded,
+    key_id: str,
+) -> dict[str, JsonValue]:
+    """What verifying a signed approval again takes: the pause it answered (its
+    step and the ``interrupted`` event's seq), who signed with which key, what it
+    signed, and when the decision was appended (before it expired)."""
+    return {
+        "by": event.by,
+        "key_id": key_id,
+        "signature": (event.signature or b"").hex(),
+        "expires_at": event.expires_at.isoformat() if event.expires_at else None,
+        "args_hash": event.args_hash,
+        "step": state.step,
+        "seq": waiting.since_seq,
+        "at": event.at.isoformat(),
+    }
 
 
 @_apply.register

@@ -86,6 +86,8 @@ def to_snapshot(state: RunState, inline: bool = True) -> dict[str, JsonValue]:
             "approvals": list(state.waiting.approvals),
             "wake_at": _time(state.waiting.wake_at),
         }
+        if not state.waiting.signed:  # as snapshots read before signed evidence
+            del waiting["signed"]
     return {
         "reducer_version": reducer_version(),
         "run_id": state.run_id,

@@ -446,6 +446,7 @@ def _decide_gate(state: RunState, command: Approve | Reject, out: EventBuilder) 
         elif isinstance(command, Approve) and command.args_json is not None:
             given = _edited_args(state, waiting.detail_json, command.args_json)
             approved = args_hash(given)
+        signed = isinstance(command, Approve) and command.signature is not None
         out.add(
             Resumed,
             reason=decision,
@@ -453,6 +454,15 @@ def _decide_gate(state: RunState, command: Approve | Reject, out: EventBuilder) 
             by=command.by,
             args_hash=approved,
             input_json=given,
+            **(  # kept, so that the approval can be verified again before it acts
+                {
+                    "key_id": command.key_id,
+                    "signature": command.signature,
+                    "expires_at": command.expires_at,
+                }
+                if signed
+                else {}
+            ),
         )
         return
     if state.status != "running":

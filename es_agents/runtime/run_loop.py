@@ -88,7 +88,7 @@ from es_agents.errors import (
     RunError,
 )
 from es_agents.ports import Decided, Position
-from es_agents.runtime import children, effects, flow, model_steps
+from es_agents.runtime import children, effects, flow, model_steps, proofs
 from es_agents.runtime.context import NotMine, RunActor, RunContext
 from es_agents.vault import encrypted
 
@@ -515,6 +515,8 @@ class RunLoop:
         pending = state.pending
         if isinstance(pending, PendingToolCall):
             await self.flush()  # reconciling may call the tool: what led here first
+            if await proofs.unproven_intention(self, state, pending):
+                return "interrupt"
             await effects.reconcile(self, state, pending)
             return "reconcile"
         step = self._plan(state)
@@ -544,6 +546,10 @@ class RunLoop:
         if isinstance(step, CallModel):
             await model_steps.call_model(self, state, step, attempt=1)
             return "model"
+        if isinstance(step, CallTool | CallTools) and await proofs.held_back(
+            self, state, step
+        ):
+            return "interrupt"
         if isinstance(step, CallTool):
             await effects.call_tool(self, state, step)
             return "tool"

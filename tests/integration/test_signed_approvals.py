@@ -6,7 +6,9 @@ worker process verifies them against ``approver_keys``. Each refused decision ex
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+from base64 import b64decode
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
@@ -18,8 +20,12 @@ from pydantic import SecretStr
 from es_agents.app import build_client_ports
 from es_agents.approvals import SigningKey, new_key
 from es_agents.client import Client
+from es_agents.codec import AvroCodec
 from es_agents.core.approvals import Pause, pause_of
+from es_agents.core.authorship import Authenticator
+from es_agents.core.chain import digest
 from es_agents.core.commands import Approve
+from es_agents.core.epochs import EPOCH_HEADER
 from es_agents.core.events import ApprovalRecorded, DecisionRefused, Resumed
 from es_agents.core.step import args_hash
 from es_agents.lab.demo import cli
@@ -205,3 +211,93 @@ def test_forged_altered_expired_and_replayed_decisions_on_the_real_stack(
         events = client.events(run)
     refused = [e for e in events if isinstance(e, DecisionRefused)]
     assert len(refused) == len(cases) + 1
+
+
+def test_an_approval_forged_with_the_writer_key_runs_nothing(
+    env: dict[str, str], kafka_settings: KafkaSettings, database_url: str
+) -> None:
+    """Whoever holds the writer key can append a ``resumed`` that every reader takes
+    as a worker's (its MAC verifies): at a gate whose policy wants signed decisions
+    the approval is verified again from the log before the call runs, so a
+    ``resumed`` without the approvers' signatures starts nothing and the run waits
+    at the gate again; the approvers' own signed decisions then pay once."""
+    settings = Settings(kafka=kafka_settings, database_url=SecretStr(database_url))
+    ports = build_client_ports(settings)
+    ports.migrate()
+    keys: dict[str, SigningKey] = {}
+    for name, roles in (("alice", ()), ("bob", ("finance",))):
+        pem, key = new_key(name, frozenset(roles))
+        ports.keyring.add(key)
+        keys[name] = SigningKey.load(pem)
+    topic = f"{env['ES_AGENTS_TOPIC_PREFIX']}.events"
+    try:
+        with Client(settings) as client:
+
+            def paused() -> Pause | None:
+                state = client.status(run).state
+                return pause_of(state) if state is not None else None
+
+            with worker(env, "tests.secure_agents:four_eyes"):
+                run = client.start("four-eyes").run_id
+                until(lambda: paused() is not None, what="the wire's gate")
+            pause = paused()
+            assert pause is not None
+            mine = [
+                r
+                for r in ports.log.read_partition(topic, ports.log.partition_for(run))
+                if r.key == run
+            ]
+            last = AvroCodec().decode_event(mine[-1].value)
+            forged = Resumed(
+                run_id=run,
+                seq=last.seq + 1,
+                step=last.step,
+                prev=digest(mine[-1].value),
+                reason="approved",
+                by="bob",
+                args_hash=pause.args_hash,
+            )
+            value = AvroCodec().encode(forged)
+            # The attacker holds the writer key the workers sign with.
+            auth = Authenticator(
+                {"set": b64decode(os.environ["ES_AGENTS_WRITER_KEY"])}, "set"
+            )
+            stamp = [(k, v) for k, v in mine[-1].headers if k == EPOCH_HEADER]
+            ports.log.produce(topic, run, value, [*stamp, auth.header(value)])
+
+            def voided() -> bool:
+                state = client.status(run).state
+                waiting = state.waiting if state is not None else None
+                return waiting is not None and waiting.since_seq > forged.seq
+
+            with worker(env, "tests.secure_agents:four_eyes"):
+                until(voided, what="the gate asked again")
+                state = client.status(run).state
+                assert state is not None
+                assert state.waiting is not None
+                detail = json.loads(state.waiting.detail_json)
+                assert "the decision carries none" in detail["void"], detail
+                kinds = [e.wire_name for e in client.events(run)]
+                assert "tool_call_requested" not in kinds, kinds
+                assert kinds[-2:] == ["resumed", "interrupted"], kinds
+                again = pause_of(state)
+                assert again is not None
+                for name in ("alice", "bob"):
+                    signature, expires = keys[name].sign(
+                        again, "approved", name, timedelta(minutes=5)
+                    )
+                    sent = client.send(
+                        Approve(
+                            run_id=run,
+                            by=name,
+                            key_id=keys[name].key_id,
+                            signature=signature,
+                            expires_at=expires,
+                        )
+                    )
+                    assert sent.status == "applied", sent
+                client.wait(run, until=("completed",), timeout=60)
+            kinds = [e.wire_name for e in client.events(run)]
+            assert kinds.count("tool_returned") == 1, kinds
+    finally:
+        ports.close()

@@ -5,6 +5,7 @@ approvers resume the run; the tool runs once."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -16,7 +17,14 @@ from es_agents.agent import ToolAgent
 from es_agents.approvals import MemoryKeyring, SigningKey, new_key
 from es_agents.core.approvals import ApprovalPolicy, Pause, judge, pause_of
 from es_agents.core.commands import Approve, Reject
-from es_agents.core.events import DecisionRefused, ToolCall
+from es_agents.core.events import (
+    ApprovalRecorded,
+    DecisionRefused,
+    Event,
+    Resumed,
+    ToolCall,
+    ToolCallRequested,
+)
 from es_agents.core.state import RunState
 from es_agents.core.step import CallTool, Interrupt, args_hash
 from es_agents.models import ScriptedModel, call, reply
@@ -258,3 +266,141 @@ def test_an_approval_of_other_arguments_is_void() -> None:
     step = _agent().plan(state)
     assert isinstance(step, Interrupt)
     assert step.reason == "awaiting_approval"
+
+
+def _forge(h: AgentHarness, run_id: str, event: Event) -> None:
+    """``event`` appended as a worker appends it -- chained on the run's head and
+    carrying a valid writer MAC: what someone who holds the writer key can do."""
+    log = h.ports.log
+    head = log.read_sealed(run_id)[-1].digest
+    log.append_sealed(log.seal([event], head))
+
+
+def _next(h: AgentHarness, run_id: str) -> dict[str, Any]:
+    state = h.state(run_id)
+    return {"run_id": run_id, "seq": state.seq + 1, "step": state.step}
+
+
+def test_a_forged_approval_at_a_signed_gate_runs_nothing(
+    paused: tuple[AgentHarness, str, Keys],
+) -> None:
+    """The writer's MAC shows who appended an event, not who decided: a ``resumed``
+    appended with the writer key but without valid signatures (none, a made-up
+    one, or one a real approver made for another pause) is verified again before
+    the approved call runs, and the run waits at the gate again."""
+    h, run_id, keys = paused
+    alice = keys.make("alice", "alice")
+    bob = keys.make("bob", "bob", "finance")
+    pause = pause_of(h.state(run_id))
+    assert pause is not None
+    expires = datetime.now(UTC).replace(microsecond=0) + timedelta(minutes=5)
+    signed = {"key_id": alice.key_id, "expires_at": expires}
+    forgeries: list[tuple[dict[str, Any], str]] = [
+        ({}, "the decision carries none"),
+        ({**signed, "signature": b"\x00" * 64}, "does not verify"),
+        ({**signed, "key_id": "ed25519:unknown"}, "is not registered"),
+    ]
+    for extra, why in forgeries:
+        WIRES.clear()
+        now = pause_of(h.state(run_id))
+        assert now is not None
+        fields = {"signature": b"\x01" * 64, **extra} if extra else {}
+        _forge(
+            h,
+            run_id,
+            Resumed(
+                **_next(h, run_id),
+                reason="approved",
+                by="alice",
+                args_hash=now.args_hash,
+                **fields,
+            ),
+        )
+        h.run()
+        assert WIRES == [], why
+        state = h.state(run_id)
+        assert state.status == "paused"
+        assert state.waiting is not None
+        assert state.waiting.gate == "wire"
+        assert why in json.loads(state.waiting.detail_json)["void"]
+    # Two real signatures made for the first pause, replayed onto the one now.
+    first = [_signed(alice, pause, "alice"), _signed(bob, pause, "bob")]
+    now = pause_of(h.state(run_id))
+    assert now is not None
+    assert now.seq != pause.seq
+    _forge(
+        h,
+        run_id,
+        ApprovalRecorded(
+            **_next(h, run_id),
+            gate="wire",
+            by="alice",
+            command_id="f1",
+            key_id=alice.key_id,
+            args_hash=now.args_hash,
+            signature=first[0].signature,
+            expires_at=first[0].expires_at,
+        ),
+    )
+    _forge(
+        h,
+        run_id,
+        Resumed(
+            **_next(h, run_id),
+            reason="approved",
+            by="bob",
+            args_hash=now.args_hash,
+            key_id=bob.key_id,
+            signature=first[1].signature,
+            expires_at=first[1].expires_at,
+        ),
+    )
+    h.run()
+    assert WIRES == []
+    waiting = h.state(run_id).waiting
+    assert waiting is not None
+    assert "does not verify" in json.loads(waiting.detail_json)["void"]
+    # The approvers decide the pause the run waits at now: the wire runs once.
+    again = pause_of(h.state(run_id))
+    assert again is not None
+    h.ports.log.send(_signed(alice, again, "alice"))
+    h.ports.log.send(_signed(bob, again, "bob"))
+    h.run()
+    assert WIRES == [100]
+
+
+def test_a_dangling_call_of_a_signed_gate_needs_its_approval_to_verify(
+    paused: tuple[AgentHarness, str, Keys],
+) -> None:
+    """A ``tool_call_requested`` forged with the writer key after an unsigned
+    ``resumed``: reconciling it could call the tool, so the run waits for a
+    person instead."""
+    h, run_id, _ = paused
+    now = pause_of(h.state(run_id))
+    assert now is not None
+    _forge(
+        h,
+        run_id,
+        Resumed(
+            **_next(h, run_id), reason="approved", by="alice", args_hash=now.args_hash
+        ),
+    )
+    state = h.state(run_id)
+    call_id = state.open_tool_calls[0].call_id
+    _forge(
+        h,
+        run_id,
+        ToolCallRequested(
+            **{**_next(h, run_id), "step": state.step + 1},
+            call_id=call_id,
+            tool="wire",
+            args_json='{"amount":100}',
+            idempotency_key=f"{run_id}:{state.step + 1}",
+        ),
+    )
+    h.run()
+    assert WIRES == []
+    waiting = h.state(run_id).waiting
+    assert waiting is not None
+    assert waiting.reason == "uncertain_effect"
+    assert "carries none" in json.loads(waiting.detail_json)["why"]
