@@ -136,20 +136,26 @@ def _describe(
     admin: AdminClient, topics: list[str], timeout: float
 ) -> dict[str, dict[str, Any]]:
     """Each topic's config entries. On a cluster, a topic just created may be
-    unknown for a moment to the broker that answers: asked again within ``timeout``."""
+    unknown for a moment to the broker that answers; and a request can go
+    unanswered (seen on a loaded single broker: 30 s without an answer): asked
+    again, each time with a part of ``timeout``, until ``timeout``."""
+    attempt = max(timeout / 3, 1.0)
 
     def describe() -> dict[str, dict[str, Any]]:
         resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
         try:
             return {
-                resource.name: future.result(timeout)
+                resource.name: future.result(attempt)
                 for resource, future in admin.describe_configs(
-                    resources, request_timeout=timeout
+                    resources, request_timeout=attempt
                 ).items()
             }
+        except TimeoutError as e:
+            raise _NotYetKnown(f"no answer within {attempt:.0f} s") from e
         except KafkaException as e:
-            if e.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                raise _NotYetKnown(f"cannot read topic configs: {e}") from e
+            code = e.args[0].code()
+            if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._TIMED_OUT):
+                raise _NotYetKnown(f"{e}") from e
             raise Unavailable(f"cannot read topic configs: {e}") from e
 
     try:
@@ -159,7 +165,7 @@ def _describe(
             with tried:
                 return describe()
     except _NotYetKnown as e:
-        raise Unavailable(str(e)) from e
+        raise Unavailable(f"cannot read topic configs within {timeout} s: {e}") from e
     raise AssertionError("unreachable")  # pragma: no cover - retrying raises
 
 
