@@ -66,7 +66,7 @@ class Waiting:
     approvals: list[str] = field(default_factory=list)  # towards a quorum
     refusals: int = 0  # decisions refused at this pause (only the first are events)
     # Signed approvals counted towards the quorum, each as the evidence that lets
-    # it be verified again (``core.approvals.signed_evidence``).
+    # it be verified again (``core.approvals.unproven``).
     signed: list[dict[str, JsonValue]] = field(default_factory=list)
 
 

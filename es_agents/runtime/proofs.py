@@ -46,11 +46,14 @@ async def held_back(
             call.call_id,
             why,
         )
-        asked = next(c for c in state.open_tool_calls if c.call_id == call.call_id)
+        asked = next(
+            (c.args_json for c in state.open_tool_calls if c.call_id == call.call_id),
+            canonical_json(call.args),
+        )
         detail = {
             "call_id": call.call_id,
             "tool": call.tool,
-            "args_json": asked.args_json,
+            "args_json": asked,
             "gate": call.tool,
             "void": f"the approval does not verify: {why}",
         }
