@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from es_agents.approvals import Keyring, verify
+from es_agents.core.approvals import ApprovalPolicy, unproven
 from es_agents.core.chain import ChainCheck
 from es_agents.core.events import (
     Event,
@@ -169,10 +171,12 @@ def audit(
     since: datetime | None = None,
     progress: Callable[[int, float], None] | None = None,
     purged: Mapping[str, Callable[[bytes], list[str]]] | None = None,
+    keyring: Keyring | None = None,
 ) -> AuditReport:
     """``purged``: the runs whose projection rows were purged, each with the check
     of its archive against the log's head of its chain (``es_agents.retention``):
-    their rows are not looked for, their archive is checked instead."""
+    their rows are not looked for, their archive is checked instead. ``keyring``:
+    the approvers' keys, to verify again every signed approval the log keeps."""
     started = time.perf_counter()
     runs: dict[str, RunAudit] = {}
     count = 0
@@ -214,6 +218,7 @@ def audit(
             if broken is not None:
                 run.problems.append(f"{partition}@{record.offset}: {broken}")
             _apply(run, event, prices)
+            _check_signed(run, event, keyring)
             _check_projected(run, event, chain.head, digests, snapshots)
     # Records the reads left out as not written by a worker, reported by run.
     for gone in list(left_out or [])[seen_left_out:]:
@@ -267,6 +272,35 @@ def _check_rows_left(
             run.problems.append(
                 f"run_events seq {seq}: a row with no such event in the log (added)"
             )
+
+
+def _check_signed(run: RunAudit, event: Event, keyring: Keyring | None) -> None:
+    """A signed approval, verified again from the log: each signature kept with
+    the decision against its approver's registered key, over the pause it answered
+    and the arguments decided. (Which gates want signatures is the agents' code,
+    which the audit does not load: a worker refuses an unsigned approval there.)"""
+    if (
+        keyring is None
+        or run.broken
+        or not isinstance(event, Resumed)
+        or not event.signature
+    ):
+        return
+    state = run.state
+    resume = state.last_resume if state is not None else None
+    if state is None or resume is None or resume.gate is None:
+        return
+    decided = state.gate_decisions.get(resume.gate, {})
+    why = unproven(
+        run.run_id,
+        resume.gate,
+        decided,
+        ApprovalPolicy(signed=True),
+        key_of=keyring.get,
+        verifies=verify,
+    )
+    if why is not None:
+        run.problems.append(f"seq {event.seq}: a signed approval: {why}")
 
 
 def _apply(run: RunAudit, event: Event, prices: Mapping[str, ModelPrice]) -> None:

@@ -207,6 +207,7 @@ def audit(
                 f"... {n:,} events read ({n / s:,.0f}/s)", err=True
             ),
             purged=Retainer(ports, settings).checks(run_prefix),
+            keyring=ports.keyring,
         )
         report = audited.to_json()
         # Forgotten runs are checked like the others: structure, hashes, status.

@@ -10,7 +10,7 @@ import os
 import subprocess
 from base64 import b64decode
 from dataclasses import replace
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -213,14 +213,59 @@ def test_forged_altered_expired_and_replayed_decisions_on_the_real_stack(
     assert len(refused) == len(cases) + 1
 
 
+def _signed_approval(key: SigningKey, pause: Pause, by: str) -> Approve:
+    signature, expires = key.sign(pause, "approved", by, timedelta(minutes=5))
+    return Approve(
+        run_id=pause.run_id,
+        by=by,
+        key_id=key.key_id,
+        signature=signature,
+        expires_at=expires,
+    )
+
+
+def _forge_approval(ports: Any, topic: str, pause: Pause, key_id: str) -> Resumed:
+    """A ``resumed`` (approved by bob, his key named, the signature made up)
+    appended to ``pause``'s run as a worker would: chained on the run's head, the
+    owner's epoch stamp, a valid MAC under the workers' writer key."""
+    run = pause.run_id
+    mine = [
+        r
+        for r in ports.log.read_partition(topic, ports.log.partition_for(run))
+        if r.key == run
+    ]
+    last = AvroCodec().decode_event(mine[-1].value)
+    forged = Resumed(
+        run_id=run,
+        seq=last.seq + 1,
+        step=last.step,
+        prev=digest(mine[-1].value),
+        reason="approved",
+        by="bob",
+        args_hash=pause.args_hash,
+        key_id=key_id,
+        signature=b"\x07" * 64,
+        expires_at=datetime.now(UTC) + timedelta(minutes=5),
+    )
+    value = AvroCodec().encode(forged)
+    auth = Authenticator({"set": b64decode(os.environ["ES_AGENTS_WRITER_KEY"])}, "set")
+    stamp = [(k, v) for k, v in mine[-1].headers if k == EPOCH_HEADER]
+    ports.log.produce(topic, run, value, [*stamp, auth.header(value)])
+    return forged
+
+
 def test_an_approval_forged_with_the_writer_key_runs_nothing(
-    env: dict[str, str], kafka_settings: KafkaSettings, database_url: str
+    env: dict[str, str],
+    kafka_settings: KafkaSettings,
+    database_url: str,
+    tmp_path: Path,
 ) -> None:
     """Whoever holds the writer key can append a ``resumed`` that every reader takes
     as a worker's (its MAC verifies): at a gate whose policy wants signed decisions
     the approval is verified again from the log before the call runs, so a
-    ``resumed`` without the approvers' signatures starts nothing and the run waits
-    at the gate again; the approvers' own signed decisions then pay once."""
+    ``resumed`` whose signature is made up starts nothing and the run waits at the
+    gate again; the approvers' own signed decisions then pay once, and ``audit``
+    names the forged approval."""
     settings = Settings(kafka=kafka_settings, database_url=SecretStr(database_url))
     ports = build_client_ports(settings)
     ports.migrate()
@@ -242,28 +287,7 @@ def test_an_approval_forged_with_the_writer_key_runs_nothing(
                 until(lambda: paused() is not None, what="the wire's gate")
             pause = paused()
             assert pause is not None
-            mine = [
-                r
-                for r in ports.log.read_partition(topic, ports.log.partition_for(run))
-                if r.key == run
-            ]
-            last = AvroCodec().decode_event(mine[-1].value)
-            forged = Resumed(
-                run_id=run,
-                seq=last.seq + 1,
-                step=last.step,
-                prev=digest(mine[-1].value),
-                reason="approved",
-                by="bob",
-                args_hash=pause.args_hash,
-            )
-            value = AvroCodec().encode(forged)
-            # The attacker holds the writer key the workers sign with.
-            auth = Authenticator(
-                {"set": b64decode(os.environ["ES_AGENTS_WRITER_KEY"])}, "set"
-            )
-            stamp = [(k, v) for k, v in mine[-1].headers if k == EPOCH_HEADER]
-            ports.log.produce(topic, run, value, [*stamp, auth.header(value)])
+            forged = _forge_approval(ports, topic, pause, keys["bob"].key_id)
 
             def voided() -> bool:
                 state = client.status(run).state
@@ -276,27 +300,23 @@ def test_an_approval_forged_with_the_writer_key_runs_nothing(
                 assert state is not None
                 assert state.waiting is not None
                 detail = json.loads(state.waiting.detail_json)
-                assert "the decision carries none" in detail["void"], detail
+                assert "signature does not verify" in detail["void"], detail
                 kinds = [e.wire_name for e in client.events(run)]
                 assert "tool_call_requested" not in kinds, kinds
                 assert kinds[-2:] == ["resumed", "interrupted"], kinds
                 again = pause_of(state)
                 assert again is not None
                 for name in ("alice", "bob"):
-                    signature, expires = keys[name].sign(
-                        again, "approved", name, timedelta(minutes=5)
-                    )
-                    sent = client.send(
-                        Approve(
-                            run_id=run,
-                            by=name,
-                            key_id=keys[name].key_id,
-                            signature=signature,
-                            expires_at=expires,
-                        )
-                    )
+                    sent = client.send(_signed_approval(keys[name], again, name))
                     assert sent.status == "applied", sent
                 client.wait(run, until=("completed",), timeout=60)
+            report = tmp_path / "audit.json"
+            audited = cli(
+                env, "audit", "--run-prefix", run, "--report", str(report), "--no-bare"
+            )
+            assert audited.returncode == 1, audited.stdout[-2000:]
+            problems = json.loads(report.read_text())["problems"][run]
+            assert any("a signed approval" in p for p in problems), problems
             kinds = [e.wire_name for e in client.events(run)]
             assert kinds.count("tool_returned") == 1, kinds
     finally:

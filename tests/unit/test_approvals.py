@@ -15,6 +15,7 @@ from pydantic import BaseModel, JsonValue
 
 from es_agents.agent import ToolAgent
 from es_agents.approvals import MemoryKeyring, SigningKey, new_key
+from es_agents.audit import audit
 from es_agents.core.approvals import ApprovalPolicy, Pause, judge, pause_of
 from es_agents.core.commands import Approve, Reject
 from es_agents.core.events import (
@@ -323,6 +324,19 @@ def test_a_forged_approval_at_a_signed_gate_runs_nothing(
         assert state.waiting is not None
         assert state.waiting.gate == "wire"
         assert why in json.loads(state.waiting.detail_json)["void"]
+    # The audit verifies the signatures the log keeps, as the worker did.
+    report = audit(
+        h.ports.log,
+        h.ports.projections,
+        h.ports.ledger,
+        events_topic=h.settings.kafka.events_topic,
+        partitions=h.ports.log.partition_count(),
+        prices={},
+        keyring=h.ports.keyring,
+    )
+    problems = report.runs[run_id].problems
+    assert any("a signed approval" in p and "does not verify" in p for p in problems)
+    assert any("a signed approval" in p and "not registered" in p for p in problems)
     # Two real signatures made for the first pause, replayed onto the one now.
     first = [_signed(alice, pause, "alice"), _signed(bob, pause, "bob")]
     now = pause_of(h.state(run_id))
