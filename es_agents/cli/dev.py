@@ -30,19 +30,33 @@ def dev() -> None:
     help="Kafka brokers: 3 makes a replicated KRaft cluster (replication factor 3, "
     "min.insync.replicas 2). Default: what the stack was made with, else 1.",
 )
+@click.option(
+    "--acls/--no-acls",
+    default=None,
+    help="Kafka that asks who is there: SASL/SCRAM users es-admin, es-worker, "
+    "es-client and es-projector, and ACLs by which only workers write events and "
+    "clients only commands (`dev env --role` prints each one's settings). Its "
+    "records are kept apart from the open broker's. Default: what the stack was "
+    "made with, else off.",
+)
 @output_option
-def dev_up(brokers: int | None) -> None:
+def dev_up(brokers: int | None, acls: bool | None) -> None:
     """Install what is missing and start what is not running (idempotent)."""
     from es_agents.dev import KAFKA_VERSION, DevSettings, DevStack  # noqa: PLC0415
 
     dev = DevSettings()
-    if brokers is not None and brokers != dev.brokers:
+    wanted = {
+        "kafka_brokers": brokers if brokers is not None else dev.brokers,
+        "kafka_acls": acls if acls is not None else dev.acls,
+    }
+    if (wanted["kafka_brokers"], wanted["kafka_acls"]) != (dev.brokers, dev.acls):
         if any(s.proc.pid() for s in DevStack(dev).brokers):
+            now = f"{dev.brokers} broker(s), ACLs {'on' if dev.acls else 'off'}"
             raise click.UsageError(
-                f"the dev stack runs {dev.brokers} broker(s): `es-agents dev down` "
-                f"first, then `dev up --brokers {brokers}`"
+                f"the dev stack runs {now}: `es-agents dev down` first, then "
+                "`dev up` with the new options"
             )
-        dev = DevSettings(kafka_brokers=brokers)
+        dev = DevSettings(**wanted)  # type: ignore[arg-type]
     stack = DevStack(dev)
     seconds = stack.up(log=lambda line: click.echo(line, err=machine()))
     replicas, min_isr = dev.replication
@@ -56,6 +70,7 @@ def dev_up(brokers: int | None) -> None:
                 "bootstrap_servers": dev.kafka_bootstrap,
                 "replication_factor": replicas,
                 "min_insync_replicas": min_isr,
+                "acls": dev.acls,
             }
         )
         return
@@ -67,9 +82,54 @@ def dev_up(brokers: int | None) -> None:
             f"ES_AGENTS_REPLICATION_FACTOR={replicas} "
             f"ES_AGENTS_MIN_INSYNC_REPLICAS={min_isr}"
         )
+    if dev.acls:
+        click.echo(
+            "  ACLs on: each role's settings with `eval \"$(es-agents dev env "
+            '--role worker)"` (roles: admin, worker, client, projector)'
+        )
     click.echo(
         f"dev stack up in {seconds:.2f}s (Kafka {KAFKA_VERSION}, home {stack.dev.root})"
     )
+
+
+@dev.command("env")
+@click.option(
+    "--role",
+    type=click.Choice(["admin", "worker", "client", "projector"]),
+    default="admin",
+    show_default=True,
+    help="Whose SASL user (a stack made with --acls).",
+)
+@output_option
+def dev_env(role: str) -> None:
+    """The ES_AGENTS_* settings that reach the dev stack's Kafka, as shell exports
+    (`eval "$(es-agents dev env --role worker)"`): the brokers, replication and, with
+    ACLs on, the role's SASL user and password."""
+    import shlex  # noqa: PLC0415
+
+    from es_agents.dev import DevSettings  # noqa: PLC0415
+    from es_agents.dev.secured import environment  # noqa: PLC0415
+
+    dev = DevSettings()
+    if dev.acls:
+        values = environment(dev, role)  # type: ignore[arg-type]
+    else:
+        if role != "admin":
+            raise click.UsageError(
+                "the dev stack runs without ACLs (every client may do anything): "
+                "`es-agents dev down`, then `dev up --acls`"
+            )
+        replicas, min_isr = dev.replication
+        values = {
+            "ES_AGENTS_BOOTSTRAP_SERVERS": dev.kafka_bootstrap,
+            "ES_AGENTS_REPLICATION_FACTOR": str(replicas),
+            "ES_AGENTS_MIN_INSYNC_REPLICAS": str(min_isr),
+        }
+    if machine():
+        emit(values)
+        return
+    for key, value in values.items():
+        click.echo(f"export {key}={shlex.quote(value)}")
 
 
 @dev.command("down")

@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
-from es_agents.dev import cluster
+from es_agents.dev import cluster, secured
 from es_agents.dev.config import KAFKA_VERSION, S3PROXY_VERSION, DevSettings
 from es_agents.dev.kafka import DevKafka
 from es_agents.dev.postgres import DevPostgres
@@ -70,6 +70,9 @@ class DevStack:
             results = {s.name: pool.submit(s.start) for s in self.services}
             for name, future in results.items():
                 log(f"{name}: {'started' if future.result() else 'already running'}")
+        if self.dev.acls:
+            count = secured.provision(self.dev)
+            log(f"kafka: topics and {count} ACLs of the worker, client and projector")
         return time.monotonic() - started
 
     def down(self, log: Callable[[str], None] = print) -> None:

@@ -12,15 +12,21 @@ from es_agents.dev.kafka import DevKafka, new_cluster_id
 
 
 def prepare(dev: DevSettings) -> None:
-    """Record the broker count, and the cluster id every node formats with."""
+    """Record the broker count and whether ACLs are on, and the cluster id every
+    node formats with."""
     home = dev.root / "kafka"
     home.mkdir(parents=True, exist_ok=True)
     # Written aside and renamed: another process reading it (a second `dev up`,
-    # a test process) sees the old count or the new, never an empty file.
-    count = home / f"brokers.{os.getpid()}"
-    count.write_text(f"{dev.brokers}\n")
-    count.replace(home / "brokers")
-    shared = home / "cluster.id"
+    # a test process) sees the old value or the new, never an empty file.
+    for name, value in (
+        ("brokers", dev.brokers),
+        ("acls", "on" if dev.acls else "off"),
+    ):
+        aside = home / f"{name}.{os.getpid()}"
+        aside.write_text(f"{value}\n")
+        aside.replace(home / name)
+    dev.kafka_home.mkdir(parents=True, exist_ok=True)
+    shared = dev.kafka_home / "cluster.id"
     if dev.brokers > 1 and not shared.exists():
         shared.write_text(new_cluster_id())
 

@@ -36,6 +36,12 @@ class DevSettings(BaseSettings):
         "the stack's home was made with, else 1. Node i listens on "
         "kafka_port + 100*(i-1)",
     )
+    kafka_acls: bool | None = Field(
+        default=None,
+        description="Kafka with SASL/SCRAM users and ACLs (dev up --acls); unset: "
+        "what the stack's home was made with, else off. Its records live in "
+        "HOME/kafka-acls, apart from the open broker's",
+    )
     postgres_port: int = Field(default=55432, description="Postgres' port")
     postgres_fsync: bool = Field(
         default=True, description="Postgres' fsync (on, as in production)"
@@ -58,6 +64,18 @@ class DevSettings(BaseSettings):
             return self.kafka_brokers
         recorded = self.root / "kafka" / "brokers"
         return int(recorded.read_text()) if recorded.exists() else 1
+
+    @property
+    def acls(self) -> bool:
+        if self.kafka_acls is not None:
+            return self.kafka_acls
+        recorded = self.root / "kafka" / "acls"
+        return recorded.exists() and recorded.read_text().strip() == "on"
+
+    @property
+    def kafka_home(self) -> Path:
+        """Where the brokers keep their data: the secured ones apart."""
+        return self.root / ("kafka-acls" if self.acls else "kafka")
 
     def kafka_ports(self, node: int) -> tuple[int, int]:
         """(client port, controller port) of broker ``node`` (1-based)."""

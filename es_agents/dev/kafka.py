@@ -4,6 +4,7 @@ or node ``i`` of a local cluster (``dev up --brokers 3``)."""
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 import signal
 import socket
@@ -11,6 +12,7 @@ import uuid
 from importlib import resources
 from pathlib import Path
 
+from es_agents.dev import secured
 from es_agents.dev.config import KAFKA_VERSION, DevSettings
 from es_agents.dev.process import (
     ManagedProcess,
@@ -52,12 +54,15 @@ class DevKafka:
         self.node = node
         self.cluster = dev.brokers > 1
         self.port, self.controller_port = dev.kafka_ports(node)
-        home = dev.root / "kafka"
+        home = dev.kafka_home
         self.dir = home / f"node-{node}" if self.cluster else home
         self.name = f"kafka-{node}" if self.cluster else "kafka"
-        self.lib = lib or home / f"lib-{KAFKA_VERSION}"
+        self.lib = lib or dev.root / "kafka" / f"lib-{KAFKA_VERSION}"
         self.extra = extra or {}
         self.format_args = format_args
+        if dev.acls:  # SASL/SCRAM users, the authorizer (``dev.secured``)
+            self.extra = {**secured.broker_properties(dev, node), **self.extra}
+            self.format_args = (*secured.format_args(dev), *format_args)
         self.data = self.dir / "data"
         self.proc = ManagedProcess(
             self.name, self.dir / "kafka.pid", self.dir / "broker.log"
@@ -156,7 +161,9 @@ class DevKafka:
             **self.extra,
         }
         path = self.dir / "server.properties"
-        path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # passwords
+        with os.fdopen(fd, "w") as out:
+            out.write("".join(f"{k}={v}\n" for k, v in props.items()))
         return path
 
     def _java(self, main: str, *args: str) -> list[str]:
@@ -226,8 +233,11 @@ class DevKafka:
         from confluent_kafka import KafkaException  # noqa: PLC0415
         from confluent_kafka.admin import AdminClient  # noqa: PLC0415
 
+        conf: dict[str, str | int | float | bool] = {"bootstrap.servers": self.endpoint}
+        if self.dev.acls:
+            conf = {**secured.librdkafka(self.dev), **conf}
         try:
-            AdminClient({"bootstrap.servers": self.endpoint}).list_topics(timeout=2)
+            AdminClient(conf).list_topics(timeout=2)
         except KafkaException:
             return False
         return True

@@ -21,7 +21,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import NameOID
 
-from es_agents.dev import DevStack
+from es_agents.dev import DevStack, cluster
 from es_agents.dev.config import DevSettings
 from es_agents.dev.kafka import DevKafka
 from es_agents.lab.demo import cli, run_worker
@@ -89,11 +89,10 @@ def _certificates(home: Path) -> tuple[Path, Path]:
 
 @contextmanager
 def _broker(
-    dev_stack: DevStack, home: Path, users: dict[str, str], authorized: bool
+    dev_stack: DevStack, home: Path, users: dict[str, str]
 ) -> Iterator[tuple[str, Path]]:
     """A broker whose only client listener is SASL_SSL, with SCRAM ``users``
-    (name -> password); ``authorized``: with the KRaft authorizer, no ACL no
-    access, ``es-admin`` a super user (and the broker itself, on PLAINTEXT)."""
+    (name -> password)."""
     home.mkdir()
     ca_pem, store = _certificates(home)
     port, secure_port, controller = free_port(), free_port(), free_port()
@@ -101,13 +100,6 @@ def _broker(
         home=home, kafka_port=port, kafka_controller_port=controller, kafka_heap="256m"
     )
     jaas = "org.apache.kafka.common.security.scram.ScramLoginModule required ;"
-    authorizer = {
-        "authorizer.class.name": (
-            "org.apache.kafka.metadata.authorizer.StandardAuthorizer"
-        ),
-        "allow.everyone.if.no.acl.found": "false",
-        "super.users": "User:ANONYMOUS;User:es-admin",
-    }
     scram = [
         arg
         for name, password in users.items()
@@ -130,7 +122,6 @@ def _broker(
             "ssl.keystore.location": str(store),
             "ssl.keystore.password": STORE_PASSWORD,
             "ssl.key.password": STORE_PASSWORD,
-            **(authorizer if authorized else {}),
         },
         format_args=tuple(scram),
     )
@@ -144,7 +135,7 @@ def _broker(
 @pytest.fixture
 def secured(dev_stack: DevStack, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A broker whose only client listener is SASL_SSL: (its address, the CA)."""
-    with _broker(dev_stack, tmp_path / "secured", {USER: PASSWORD}, False) as b:
+    with _broker(dev_stack, tmp_path / "secured", {USER: PASSWORD}) as b:
         yield b
 
 
@@ -189,18 +180,50 @@ def _to_the_gate(
     return run
 
 
-ROLES = ("es-admin", "es-worker", "es-client", "es-projector", "es-nobody")
+@pytest.fixture
+def acl_home(dev_stack: DevStack, tmp_path: Path) -> Iterator[dict[str, str]]:
+    """A dev stack's Kafka made as ``dev up --acls`` makes it, in a home of this
+    test's own (the shared Postgres): the ``ES_AGENTS_DEV_*`` settings that find it."""
+    home = tmp_path / "acl"
+    place = {
+        "ES_AGENTS_DEV_HOME": str(home),
+        "ES_AGENTS_DEV_KAFKA_PORT": str(free_port()),
+        "ES_AGENTS_DEV_KAFKA_CONTROLLER_PORT": str(free_port()),
+        "ES_AGENTS_DEV_KAFKA_HEAP": "256m",
+        "ES_AGENTS_DEV_KAFKA_BROKERS": "1",
+    }
+    dev = DevSettings(
+        home=home,
+        kafka_port=int(place["ES_AGENTS_DEV_KAFKA_PORT"]),
+        kafka_controller_port=int(place["ES_AGENTS_DEV_KAFKA_CONTROLLER_PORT"]),
+        kafka_heap="256m",
+        kafka_brokers=1,
+        kafka_acls=True,
+    )
+    cluster.prepare(dev)  # records that ACLs are on, as `dev up --acls` does
+    broker = DevKafka(dev, lib=dev_stack.kafka.lib)
+    broker.start()
+    try:
+        yield place
+    finally:
+        broker.stop()
+
+
+def _role(env: dict[str, str], place: dict[str, str], role: str) -> dict[str, str]:
+    """``env`` as ``role``, with the settings ``dev env --role`` prints."""
+    printed = cli({**env, **place}, "dev", "env", "--role", role, "-o", "json")
+    assert printed.returncode == 0, printed.stderr[-2000:]
+    return {**env, **json.loads(printed.stdout)}
 
 
 def _produce(env: dict[str, str], topic: str) -> str:
     """Write one record to ``topic`` as ``env``'s principal: the error, or ''."""
     conf = {
         "bootstrap.servers": env["ES_AGENTS_BOOTSTRAP_SERVERS"],
-        "security.protocol": "SASL_SSL",
+        "security.protocol": env["ES_AGENTS_SECURITY_PROTOCOL"],
         "sasl.mechanism": "SCRAM-SHA-256",
         "sasl.username": env["ES_AGENTS_SASL_USERNAME"],
         "sasl.password": env["ES_AGENTS_SASL_PASSWORD"],
-        "ssl.ca.location": env["ES_AGENTS_SSL_CA_LOCATION"],
         "message.timeout.ms": 10_000,
     }
     errors: list[str] = []
@@ -216,39 +239,42 @@ def _produce(env: dict[str, str], topic: str) -> str:
     return errors[0]
 
 
-def test_acls_let_only_workers_write_events(
-    dev_stack: DevStack, tmp_path: Path, env: dict[str, str]
+def test_dev_stack_with_acls_lets_only_workers_write_events(
+    acl_home: dict[str, str], env: dict[str, str]
 ) -> None:
-    users = {name: f"{name}-secret" for name in ROLES}
-    with _broker(dev_stack, tmp_path / "acl", users, authorized=True) as (address, ca):
-        admin, worker, client, projector, nobody = (
-            _over(address, ca, env, name) for name in ROLES
-        )
-        assert cli(admin, "topics", "-o", "json").returncode == 0
-        made = cli(
-            admin, "acls", "--worker", "User:es-worker", "--client", "User:es-client",
-            "--projector", "User:es-projector", "--apply", "-o", "json",
-        )  # fmt: skip
-        assert made.returncode == 0, made.stderr[-2000:]
-        assert len(json.loads(made.stdout)) >= 20
-        # Each role does its work with its own principal.
-        run = _to_the_gate(client, worker, projector, "acl")
-        approved = cli(client, "approve", run, "--by", "ann", "--no-wait")
-        assert approved.returncode == 0, approved.stderr[-2000:]
-        assert run_worker(worker, agent="tests.agents:gated").returncode == 0
-        done = cli(client, "status", run, "-o", "json")
-        assert json.loads(done.stdout)["status"] == "completed"
-        # What each may not write, refused by the broker.
-        prefix = env["ES_AGENTS_TOPIC_PREFIX"]
-        events, commands = f"{prefix}.events", f"{prefix}.commands"
-        assert "TOPIC_AUTHORIZATION_FAILED" in _produce(client, events)
-        assert "TOPIC_AUTHORIZATION_FAILED" in _produce(projector, events)
-        assert "TOPIC_AUTHORIZATION_FAILED" in _produce(projector, commands)
-        assert "TOPIC_AUTHORIZATION_FAILED" in _produce(nobody, commands)
-        assert _produce(worker, f"{prefix}.dlq") == ""  # its own: allowed
-        # A principal without ACLs reads nothing either.
-        denied = cli(nobody, "status", run, "-o", "json")
-        assert denied.returncode != 0
+    admin, worker, client, projector = (
+        _role(env, acl_home, role)
+        for role in ("admin", "worker", "client", "projector")
+    )
+    assert client["ES_AGENTS_SASL_USERNAME"] == "es-client"
+    assert client["ES_AGENTS_SASL_PASSWORD"] != worker["ES_AGENTS_SASL_PASSWORD"]
+    # What `dev up --acls` does after the broker answers: topics and ACLs, as admin.
+    assert cli(admin, "topics", "-o", "json").returncode == 0
+    made = cli(
+        admin, "acls", "--worker", "User:es-worker", "--client", "User:es-client",
+        "--projector", "User:es-projector", "--apply", "-o", "json",
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert len(json.loads(made.stdout)) >= 20
+    # Each role does its work with its own principal.
+    run = _to_the_gate(client, worker, projector, "acl")
+    approved = cli(client, "approve", run, "--by", "ann", "--no-wait")
+    assert approved.returncode == 0, approved.stderr[-2000:]
+    assert run_worker(worker, agent="tests.agents:gated").returncode == 0
+    done = cli(client, "status", run, "-o", "json")
+    assert json.loads(done.stdout)["status"] == "completed"
+    # What each may not write, refused by the broker.
+    prefix = env["ES_AGENTS_TOPIC_PREFIX"]
+    events, commands = f"{prefix}.events", f"{prefix}.commands"
+    assert "TOPIC_AUTHORIZATION_FAILED" in _produce(client, events)
+    assert "TOPIC_AUTHORIZATION_FAILED" in _produce(projector, events)
+    assert "TOPIC_AUTHORIZATION_FAILED" in _produce(projector, commands)
+    assert _produce(worker, f"{prefix}.dlq") == ""  # its own: allowed
+    # Nobody gets in without a user: no password, a wrong one, or none at all.
+    wrong = {**client, "ES_AGENTS_SASL_PASSWORD": "not-the-password"}
+    assert cli(wrong, "status", run, "-o", "json").returncode == 4
+    plain = {**client, "ES_AGENTS_SECURITY_PROTOCOL": "PLAINTEXT"}
+    assert cli(plain, "status", run, "-o", "json").returncode == 4
 
 
 def test_worker_projector_and_cli_over_sasl_scram_and_tls(

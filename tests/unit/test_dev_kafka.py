@@ -1,13 +1,18 @@
-"""The dev stack's Kafka cluster ids."""
+"""The dev stack's Kafka: cluster ids, and the users and settings of ``--acls``."""
 
 from __future__ import annotations
 
 import base64
+import stat
 import uuid
+from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
-from es_agents.dev import kafka
+from es_agents.cli import cli
+from es_agents.dev import cluster, kafka, secured
+from es_agents.dev.config import DevSettings
 
 
 def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -21,3 +26,48 @@ def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) 
     made = kafka.new_cluster_id()
     assert made == base64.urlsafe_b64encode(plain.bytes).decode().rstrip("=")
     assert len(made) == 22
+
+
+def test_a_stack_with_acls_keeps_its_users_and_its_records_apart(
+    tmp_path: Path,
+) -> None:
+    dev = DevSettings(home=tmp_path, kafka_acls=True, kafka_brokers=3)
+    made = secured.passwords(dev)
+    path = dev.kafka_home / "users.json"
+    assert path.parent.name == "kafka-acls"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert secured.passwords(dev) == made  # made once, then read
+    assert len(set(made.values())) == 4
+    props = secured.broker_properties(dev, node=2)
+    port, controller = dev.kafka_ports(2)
+    assert props["listeners"] == (
+        f"SASL_PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller}"
+    )
+    assert props["allow.everyone.if.no.acl.found"] == "false"
+    assert props["super.users"] == "User:es-admin"
+    assert (
+        f'password="{made["admin"]}"'
+        in props["listener.name.controller.plain.sasl.jaas.config"]
+    )
+    node = kafka.DevKafka(dev, node=2)
+    assert node.extra["inter.broker.listener.name"] == "SASL_PLAINTEXT"
+    assert node.format_args.count("--add-scram") == 4
+    worker = secured.environment(dev, "worker")
+    assert worker["ES_AGENTS_SASL_USERNAME"] == "es-worker"
+    assert worker["ES_AGENTS_SASL_PASSWORD"] == made["worker"]
+    assert worker["ES_AGENTS_REPLICATION_FACTOR"] == "3"
+
+
+def test_dev_env_names_the_roles_only_of_a_stack_with_acls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ES_AGENTS_DEV_HOME", str(tmp_path))
+    runner = CliRunner()
+    plain = runner.invoke(cli, ["dev", "env", "--role", "worker"])
+    assert plain.exit_code == 2
+    assert "dev up --acls" in plain.output
+    cluster.prepare(DevSettings(home=tmp_path, kafka_acls=True))
+    shown = runner.invoke(cli, ["dev", "env", "--role", "client"])
+    assert shown.exit_code == 0, shown.output
+    assert "export ES_AGENTS_SASL_USERNAME=es-client" in shown.output
+    assert "ES_AGENTS_SECURITY_PROTOCOL=SASL_PLAINTEXT" in shown.output
