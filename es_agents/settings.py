@@ -152,6 +152,12 @@ class KafkaSettings(BaseSettings):
             "reconnect.backoff.ms": 10,
             # One small record per step: send it now rather than wait for more bytes.
             "socket.nagle.disable": True,
+            # A partition whose leader died is looked up again with these backoffs
+            # until the metadata names its new leader (defaults 100 ms growing to
+            # 1 s): on a three-broker cluster the first write after a leader's
+            # SIGKILL came back 4.1-4.5 s after it rather than 5.0-7.8 s.
+            "retry.backoff.ms": 50,
+            "retry.backoff.max.ms": 250,
         }
         if self.sasl_mechanism is not None:
             conf["sasl.mechanism"] = self.sasl_mechanism

@@ -30,7 +30,7 @@ import time
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from pydantic import SecretStr
@@ -49,6 +49,8 @@ from es_agents.lab.chaos.checks import (
     print_report,
 )
 from es_agents.lab.chaos.cluster_faults import (
+    AckClock,
+    BrokerFault,
     kill_node,
     longest_stall,
     rolling_restart,
@@ -113,7 +115,8 @@ class Chaos:
                 "min_insync_replicas": min_isr,
             }
         )
-        self.degraded: list[float] = []  # acks/s while a broker of a cluster is down
+        self.broker_faults: list[BrokerFault] = []  # what each broker loss cost
+        self.detail = ""  # the last fault's cost, for the timeline
         self.database = f"chaos_{self.uid}"
         self.database_url = (
             self.stack.dev.database_url.rsplit("/", 1)[0] + f"/{self.database}"
@@ -203,6 +206,7 @@ class Chaos:
             self.ports.log, self.kafka.events_topic, self.kafka.partitions
         )
         self.sender = Sender(self.ports.log)
+        self.clock = AckClock(self.work) if self.cluster else None
         try:
             self.t0 = time.monotonic()
             injector = threading.Thread(target=self._inject, daemon=True)
@@ -227,6 +231,8 @@ class Chaos:
                 child.stop()
             self.sender.close()
             self.watcher.close()
+            if self.clock is not None:
+                self.clock.close()
             self.ports.close()
             self.effects.stop()
         if report["violations"]:
@@ -320,6 +326,9 @@ class Chaos:
                 + (f" then {fault.crash_at}" if fault.crash_at else "")
                 + f" ({time.monotonic() - started:.1f} s)"
             )
+            if self.detail:  # what the fault cost, when measured
+                self.timeline.append(self.detail)
+                self.detail = ""
 
     def _apply(self, fault: Fault) -> None:
         if fault.kind == "kill_worker":
@@ -338,9 +347,14 @@ class Chaos:
             with worker.lock:
                 worker.signal(signal.SIGCONT)
                 worker.paused = False
-        elif fault.kind in ("kill_broker", "kill_controller") and self.cluster:
-            self.degraded.append(
-                kill_node(self.stack, self.kafka, fault.kind, self.rng, self.work)
+        elif fault.kind in ("kill_broker", "kill_controller") and self.clock:
+            cost = kill_node(self.stack, self.kafka, fault.kind, self.rng, self.clock)
+            self.broker_faults.append(cost)
+            self.detail = (
+                f"{'':8}broker {cost.broker} (led {cost.led} partitions): "
+                f"acknowledged again {cost.resumed_s:.1f} s after the kill; "
+                f"{cost.rate_down:.0f}/s while down vs {cost.rate_before:.0f}/s "
+                f"in the minute before ({cost.ratio:.0%})"
             )
         elif fault.kind == "rolling_restart":
             rolling_restart(self.stack, self.kafka.bootstrap_servers)
@@ -454,13 +468,26 @@ class Chaos:
             "calls_refused_by_fencing_token": sum(self.effects.fenced.values()),
             "brokers": len(self.stack.brokers),
             "longest_stall_s": longest_stall(runs),
-            "acks_per_s_one_broker_down": (
-                round(statistics.median(self.degraded), 1) if self.degraded else None
-            ),
+            **self._broker_figures(),
             "violations": {k: len(v) for k, v in violations.items()},
         }
         print_report(self.echo, self.timeline, report, violations)
         return report
+
+    def _broker_figures(self) -> dict[str, Any]:
+        """Per broker fault, and their medians and worst (a cluster only)."""
+        costs = self.broker_faults
+        if not costs:
+            return {}
+        return {
+            "broker_faults": [{**asdict(c), "ratio": round(c.ratio, 2)} for c in costs],
+            "resumed_s_median": statistics.median(c.resumed_s for c in costs),
+            "resumed_s_max": max(c.resumed_s for c in costs),
+            "down_rate_ratio_median": round(
+                statistics.median(c.ratio for c in costs), 2
+            ),
+            "down_rate_ratio_min": round(min(c.ratio for c in costs), 2),
+        }
 
     def _read_log(self, violations: dict[str, list[str]]) -> dict[str, list[Event]]:
         log = self.ports.log
