@@ -108,23 +108,18 @@ def dev_env(role: str) -> None:
     import shlex  # noqa: PLC0415
 
     from es_agents.dev import DevSettings  # noqa: PLC0415
-    from es_agents.dev.secured import environment  # noqa: PLC0415
+    from es_agents.dev.secured import environment, reach  # noqa: PLC0415
 
     dev = DevSettings()
     if dev.acls:
         values = environment(dev, role)  # type: ignore[arg-type]
+    elif role != "admin":
+        raise click.UsageError(
+            "the dev stack runs without ACLs (every client may do anything): "
+            "`es-agents dev down`, then `dev up --acls`"
+        )
     else:
-        if role != "admin":
-            raise click.UsageError(
-                "the dev stack runs without ACLs (every client may do anything): "
-                "`es-agents dev down`, then `dev up --acls`"
-            )
-        replicas, min_isr = dev.replication
-        values = {
-            "ES_AGENTS_BOOTSTRAP_SERVERS": dev.kafka_bootstrap,
-            "ES_AGENTS_REPLICATION_FACTOR": str(replicas),
-            "ES_AGENTS_MIN_INSYNC_REPLICAS": str(min_isr),
-        }
+        values = reach(dev)
     if machine():
         emit(values)
         return

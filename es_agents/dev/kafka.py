@@ -60,9 +60,14 @@ class DevKafka:
         self.lib = lib or dev.root / "kafka" / f"lib-{KAFKA_VERSION}"
         self.extra = extra or {}
         self.format_args = format_args
+        # How the readiness check connects: as es-admin when ACLs are on.
+        self._admin: dict[str, str | int | float | bool] = {
+            "bootstrap.servers": self.endpoint
+        }
         if dev.acls:  # SASL/SCRAM users, the authorizer (``dev.secured``)
             self.extra = {**secured.broker_properties(dev, node), **self.extra}
             self.format_args = (*secured.format_args(dev), *format_args)
+            self._admin = {**secured.librdkafka(dev), **self._admin}
         self.data = self.dir / "data"
         self.proc = ManagedProcess(
             self.name, self.dir / "kafka.pid", self.dir / "broker.log"
@@ -233,11 +238,8 @@ class DevKafka:
         from confluent_kafka import KafkaException  # noqa: PLC0415
         from confluent_kafka.admin import AdminClient  # noqa: PLC0415
 
-        conf: dict[str, str | int | float | bool] = {"bootstrap.servers": self.endpoint}
-        if self.dev.acls:
-            conf = {**secured.librdkafka(self.dev), **conf}
         try:
-            AdminClient(conf).list_topics(timeout=2)
+            AdminClient(self._admin).list_topics(timeout=2)
         except KafkaException:
             return False
         return True

@@ -97,15 +97,22 @@ def format_args(dev: DevSettings) -> tuple[str, ...]:
     )
 
 
-def environment(dev: DevSettings, role: Role) -> dict[str, str]:
-    """The ``ES_AGENTS_*`` settings that reach the secured Kafka as ``role``."""
-    if role not in ROLES:
-        raise ConfigError(f"a role is one of {', '.join(ROLES)}, not {role!r}")
+def reach(dev: DevSettings) -> dict[str, str]:
+    """The ``ES_AGENTS_*`` settings that reach the dev stack's brokers."""
     replicas, min_isr = dev.replication
     return {
         "ES_AGENTS_BOOTSTRAP_SERVERS": dev.kafka_bootstrap,
         "ES_AGENTS_REPLICATION_FACTOR": str(replicas),
         "ES_AGENTS_MIN_INSYNC_REPLICAS": str(min_isr),
+    }
+
+
+def environment(dev: DevSettings, role: Role) -> dict[str, str]:
+    """``reach`` as ``role`` on the secured Kafka."""
+    if role not in ROLES:
+        raise ConfigError(f"a role is one of {', '.join(ROLES)}, not {role!r}")
+    return {
+        **reach(dev),
         "ES_AGENTS_SECURITY_PROTOCOL": LISTENER,
         "ES_AGENTS_SASL_MECHANISM": MECHANISM,
         "ES_AGENTS_SASL_USERNAME": user(role),
@@ -131,11 +138,11 @@ def provision(dev: DevSettings, **overrides: object) -> int:
     from es_agents.app import ensure_topics, kafka_acls  # noqa: PLC0415
     from es_agents.settings import load_settings  # noqa: PLC0415
 
-    env = environment(dev, "admin")
+    replicas, min_isr = dev.replication
     settings = load_settings(
-        bootstrap_servers=env["ES_AGENTS_BOOTSTRAP_SERVERS"],
-        replication_factor=int(env["ES_AGENTS_REPLICATION_FACTOR"]),
-        min_insync_replicas=int(env["ES_AGENTS_MIN_INSYNC_REPLICAS"]),
+        bootstrap_servers=dev.kafka_bootstrap,
+        replication_factor=replicas,
+        min_insync_replicas=min_isr,
         security_protocol=LISTENER,
         sasl_mechanism=MECHANISM,
         sasl_username=user("admin"),
