@@ -120,6 +120,8 @@ def authenticate(settings: Settings, ports: Ports) -> None:
     ports.log.auth = auth
     if hasattr(ports.projections, "auth"):  # projections that can verify
         ports.projections.auth = auth
+    if hasattr(ports.projections, "log"):  # the events before a run's tail
+        ports.projections.log = ports.log
 
 
 def _writer_auth(settings: Settings, ports: Ports) -> Authenticator | None:

@@ -237,17 +237,21 @@ def _check_projected(
     run: RunAudit,
     event: Event,
     digest_of_event: bytes,
-    digests: dict[str, dict[int, bytes]],
+    digests: dict[str, dict[int, bytes | None]],
     snapshots: Mapping[str, tuple[int, object]],
 ) -> None:
-    """The event's ``run_events`` row holds its bytes, and the run's latest
-    snapshot, when taken at this event, is the fold of the log up to it."""
-    row = digests.get(run.run_id, {}).pop(event.seq, None)
-    if row is None:
+    """The event has its ``run_events`` row, its bytes where the projection
+    keeps them (``run_tails``) are the log's, and the run's latest snapshot, when
+    taken at this event, is the fold of the log up to it."""
+    runs_digests = digests.get(run.run_id, {})
+    if event.seq not in runs_digests:
         run.unprojected.append(event.seq)  # a deleted row, if the projector passed it
-    elif row != digest_of_event:
+        row = None
+    else:
+        row = runs_digests.pop(event.seq)
+    if row is not None and row != digest_of_event:
         run.problems.append(
-            f"run_events seq {event.seq}: the row's bytes are not the log's "
+            f"run_tails seq {event.seq}: the row's bytes are not the log's "
             "(changed in Postgres)"
         )
     snapshot = snapshots.get(run.run_id)
@@ -263,7 +267,7 @@ def _check_projected(
 
 
 def _check_rows_left(
-    runs: dict[str, RunAudit], digests: dict[str, dict[int, bytes]]
+    runs: dict[str, RunAudit], digests: dict[str, dict[int, bytes | None]]
 ) -> None:
     """Rows of ``run_events`` with no event of that seq in the log (added), and
     events the projector passed with no row (deleted)."""

@@ -61,6 +61,7 @@ from es_agents.errors import (
     PayloadUnavailable,
 )
 from es_agents.following import follow_run
+from es_agents.history import read_projected
 from es_agents.ports import (
     Decided,
     Delta,
@@ -737,16 +738,21 @@ class Client:
         projection's and the log's beyond the projector, in order. Raises
         ``NotFound`` for a run with none."""
         partition = self._log.partition_for(run_id)
-        projected = self._ports.projections.load(run_id, partition, None)
-        if projected.archived is not None and projected.state is None:  # purged
+        where = self._ports.projections.positions(run_id, partition)
+        if where.archived is not None and not where.offsets:  # purged
             return [self.reveal(run_id, e) for e in self.retention.events(run_id)]
-        events = self._ports.projections.events(run_id)
+        topic = self.settings.kafka.events_topic
+        decode = self._log.decode_event
+        events = [
+            decode(w.value)
+            for w in read_projected(self._log, topic, run_id, where.offsets)
+        ]
         after = events[-1].seq if events else -1
         tail = self._log.read_sealed(
             run_id,
-            from_offset=projected.projected_until,
+            from_offset=where.projected_until,
             restore=False,
-            floors=projected.floors,
+            floors=where.floors,
         )
         events += [s.event for s in tail if s.event.seq > after]
         if not events:

@@ -115,6 +115,12 @@ class PayloadUnavailable(EsAgentsError):
         self.run_id, self.step, self.key = run_id, step, key
 
 
+class ProjectionIncomplete(EsAgentsError):
+    """The projection keeps the bytes of a run's events only from its latest
+    snapshot on: without a usable snapshot of this reducer version, the events
+    before it are read from the log."""
+
+
 class ProjectionUntrusted(EsAgentsError):
     """A run's projected events do not verify against the writer key or do not
     chain: they are not resumed from (the log is read instead)."""

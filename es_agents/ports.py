@@ -387,10 +387,6 @@ class Archives(Protocol):
         """The run's status and last seq by the projection (None: unknown)."""
         ...
 
-    def written(self, run_id: str) -> list[Written]:
-        """The run's projected events as written, in order, with their MACs."""
-        ...
-
     def archived(self, run_id: str) -> ArchiveRow | None: ...
 
     def record(
@@ -549,6 +545,17 @@ class CommandBook(Protocol):
 
 
 @dataclass(frozen=True)
+class Positions:
+    """Where a run's projected events are in the log (``run_events``), read
+    together with the projector's offset and epoch floors on its partition."""
+
+    offsets: Mapping[int, int]  # log offset -> seq, of each projected event
+    projected_until: int = 0
+    floors: Mapping[str, int] = field(default_factory=dict)
+    archived: str | None = None  # the run's archive, when its rows were purged
+
+
+@dataclass(frozen=True)
 class Projected:
     """A run as far as the projection has it: the latest snapshot of this reducer
     version plus the projected events after it, and the projector's offset for the
@@ -587,9 +594,9 @@ class Projections(Protocol):
 
     def dead_letters(self, run_id: str) -> list[tuple[str, int, int, str]]: ...
 
-    def events(self, run_id: str) -> list[Event]:
-        """The run's projected events, in order (claim-checked payloads left
-        claimed)."""
+    def positions(self, run_id: str, partition: int) -> Positions:
+        """Where the run's projected events are in the log, and how far the
+        projector got on its partition (``es_agents.history`` reads them)."""
         ...
 
     def runs(
@@ -620,9 +627,11 @@ class Projections(Protocol):
         origin's log from there rather than from the partition's start)."""
         ...
 
-    def event_digests(self, run_prefix: str = "") -> dict[str, dict[int, bytes]]:
-        """SHA-256 of each projected event's bytes (run id -> seq -> digest), for
-        audits: a row changed, deleted or added shows against the log."""
+    def event_digests(self, run_prefix: str = "") -> dict[str, dict[int, bytes | None]]:
+        """SHA-256 of each projected event's bytes, where the projection keeps
+        them (run id -> seq -> digest, None for an event whose bytes are the log's
+        alone), for audits: a row changed, deleted or added shows against the
+        log."""
         ...
 
     def snapshot_states(self, run_prefix: str = "") -> dict[str, tuple[int, object]]:

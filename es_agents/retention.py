@@ -1,8 +1,9 @@
 """What happens to a run after it ends: archived, purged, restored when asked.
 
 A finished run's events live in the log and, projected, in Postgres (``run_events``,
-snapshots, transcript chunks). Kept for ever, the projection grows with every run
-ever made. An agent's ``Retention`` says how long a finished run stays projected:
+its tail, snapshots, transcript chunks). Kept for ever, the projection grows with
+every run ever made. An agent's ``Retention`` says how long a finished run stays
+projected:
 
 1. **archive**: the run's events, as written, go to the object store as one Avro
    object container file (``es_agents.archive``), with the payload objects its
@@ -34,10 +35,12 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
 from es_agents import archive as ocf
+from es_agents.archive import Written
 from es_agents.core.events import Event
 from es_agents.core.retention import Retention
 from es_agents.core.step import Refused
 from es_agents.errors import ConfigError, EsAgentsError, NotFound
+from es_agents.history import read_projected
 from es_agents.payloads import ClaimCheck
 
 if TYPE_CHECKING:
@@ -69,6 +72,7 @@ class Retainer:
     def __init__(self, ports: Ports, settings: Settings) -> None:
         self._ports = ports
         self._prefix = settings.kafka.topic_prefix
+        self._events_topic = settings.kafka.events_topic
         self._grace = timedelta(hours=settings.payload_delete_grace_hours)
 
     @property
@@ -104,7 +108,7 @@ class Retainer:
         status, last_seq = finished
         if status not in ("completed", "failed", "cancelled"):
             raise Refused(f"run {run_id} is {status}: only a finished run is archived")
-        written = archives.written(run_id)
+        written = self._written(run_id)
         if not written or written[-1].seq != last_seq:
             raise Refused(
                 f"run {run_id}: the projection holds {len(written)} of its "
@@ -123,6 +127,13 @@ class Retainer:
         deleted = self._delete(archives.purge(run_id)) if purge else 0
         log.info("run %s archived to %s (%d events)", run_id, key, len(written))
         return Archived(run_id, key, len(written), len(made.payloads()), purge, deleted)
+
+    def _written(self, run_id: str) -> list[Written]:
+        """The run's projected events as written, with their MACs, from the log
+        (the projection says where they are)."""
+        log = self._ports.log
+        where = self._ports.projections.positions(run_id, log.partition_for(run_id))
+        return read_projected(log, self._events_topic, run_id, where.offsets)
 
     def _delete(self, keys: list[str], grace: bool = True) -> int:
         """Delete payload objects no run claims, unless written within the grace

@@ -1,4 +1,5 @@
-"""The projector: the events topic into ``runs``, ``run_events`` and ``run_snapshots``.
+"""The projector: the events topic into ``runs``, ``run_events``, ``run_tails`` and
+``run_snapshots``.
 
 A consumer group on the events topic (read_committed on Kafka), on any store.
 Each batch is written in one
@@ -10,6 +11,9 @@ floors are stored with its offset. A batch's events and runs go in with one
 statement each (columns as arrays, unnested), the rest with pipelined
 ``executemany``. A snapshot holds a run's state without its transcript, which goes to
 ``run_transcripts`` in append-only chunks; only a run's latest snapshot is kept.
+``run_events`` says where each event is in the log; the bytes of what a resume
+folds -- the events from the run's latest snapshot on -- are kept in ``run_tails``,
+whose rows below a new snapshot go in the snapshot's transaction.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from es_agents.adapters.postgres import Database
-from es_agents.adapters.postgres_projections import load_projected
+from es_agents.adapters.postgres_projections import fold_verified, load_projected
 from es_agents.archive import claimed_keys
 from es_agents.core.authorship import (
     AUTH_HEADER,
@@ -60,8 +64,10 @@ from es_agents.errors import (
     DecodeError,
     FoldError,
     PayloadUnavailable,
+    ProjectionIncomplete,
     ProjectionUntrusted,
 )
+from es_agents.history import read_projected
 from es_agents.observability import NoTelemetry, Telemetry
 from es_agents.ports import EventLog, Probe, Received, Record, Subscribe
 from es_agents.settings import Settings
@@ -69,11 +75,16 @@ from es_agents.settings import Settings
 log = logging.getLogger(__name__)
 
 SNAPSHOT_EVENTS = (Interrupted, RunCompleted, RunFailed)
+# ``run_tails`` is vacuumed once this many rows went, at most this often.
+TAILS_VACUUM_ROWS = 1000
+TAILS_VACUUM_SECONDS = 1.0
 
 
 @dataclass
 class Batch:
     events: list[tuple[Any, ...]] = field(default_factory=list)
+    tails: list[tuple[Any, ...]] = field(default_factory=list)  # bytes, MAC
+    tails_deleted: int = 0  # run_tails rows below the batch's new snapshots
     snapshots: list[tuple[Any, ...]] = field(default_factory=list)
     chunks: list[tuple[Any, ...]] = field(default_factory=list)
     latest: dict[str, int] = field(default_factory=dict)  # run -> newest snapshot
@@ -86,7 +97,7 @@ class Batch:
 
 
 def _auth_value(headers: Sequence[tuple[str, bytes]]) -> str | None:
-    """The record's writer MAC, as ``run_events.mac`` keeps it."""
+    """The record's writer MAC, as ``run_tails.mac`` keeps it."""
     for name, value in headers:
         if name == AUTH_HEADER:
             return value.decode()
@@ -123,6 +134,8 @@ class Projector:
         self.settings = settings
         self.telemetry = telemetry if telemetry is not None else NoTelemetry()
         self._counted_at = 0.0  # when runs by status were last counted
+        self._tails_deleted = 0  # run_tails rows deleted since its last VACUUM
+        self._tails_vacuumed = time.monotonic()
         self.k = settings.snapshot_every
         self.group_id = settings.projector_group_id
         self.topic = settings.kafka.events_topic
@@ -177,8 +190,8 @@ class Projector:
                     "them again. Rebuild a prefix that has a database of its own"
                 )
             conn.execute(
-                "TRUNCATE runs, run_events, run_snapshots, run_transcripts, "
-                "dead_letters"
+                "TRUNCATE runs, run_events, run_tails, run_snapshots, "
+                "run_transcripts, dead_letters"
             )
             conn.execute(
                 "DELETE FROM projector_offsets WHERE group_id = %s AND topic = %s",
@@ -252,6 +265,24 @@ class Projector:
         now = datetime.now(UTC)
         self.lags_ms.extend((now - e[5]).total_seconds() * 1000 for e in batch.events)
         self._report(batch, now)
+        self._vacuum_tails(batch.tails_deleted)
+
+    def _vacuum_tails(self, deleted: int) -> None:
+        """``run_tails`` is a queue: rows in, and out at each snapshot. Its space is
+        reused only once a VACUUM marked it free, and autovacuum may wait a
+        minute; so the projector vacuums it when enough rows went, keeping the
+        table near its live rows, whatever the runs' length. (A role that does not
+        own the table gets a warning and leaves it to autovacuum.)"""
+        self._tails_deleted += deleted
+        if (
+            self._tails_deleted < TAILS_VACUUM_ROWS
+            or time.monotonic() - self._tails_vacuumed < TAILS_VACUUM_SECONDS
+        ):
+            return
+        self._tails_deleted = 0
+        self._tails_vacuumed = time.monotonic()
+        with self.db.statement() as conn:
+            conn.execute("VACUUM run_tails")
 
     def _report(self, batch: Batch, now: datetime) -> None:
         """Metrics of a committed batch."""
@@ -371,10 +402,9 @@ class Projector:
                 event.at,
                 partition,
                 offset,
-                payload,
-                _auth_value(msg.headers),
             )
         )
+        batch.tails.append((event.run_id, event.seq, payload, _auth_value(msg.headers)))
         head = digest(payload)
         batch.runs[event.run_id] = (state, partition, offset, head.hex())
         snapshot = (event.seq + 1) % self.k == 0 or isinstance(event, SNAPSHOT_EVENTS)
@@ -431,13 +461,41 @@ class Projector:
             self._cache.move_to_end(run_id)
             return state
         self._incomplete.discard(run_id)
-        auth = self.log.auth
         try:
-            return load_state(conn, self.log.decode_event, run_id, self.restore, auth)
+            return self._load(conn, run_id, self.restore)
         except PayloadUnavailable as e:
             log.warning("run %s: projected without its payloads: %s", run_id, e)
             self._incomplete.add(run_id)
-            return load_state(conn, self.log.decode_event, run_id, auth=auth)
+            return self._load(conn, run_id, None)
+
+    def _load(
+        self,
+        conn: psycopg.Connection[Any],
+        run_id: str,
+        restore: Callable[[Event], Event] | None,
+    ) -> RunState | None:
+        """Snapshot and tail; without a snapshot to start from, the run's
+        projected events read from the log (verified and chained likewise)."""
+        auth = self.log.auth
+        try:
+            return load_state(conn, self.log.decode_event, run_id, restore, auth)
+        except ProjectionIncomplete as e:
+            log.info("%s: its projected events are read from the log", e)
+        where = {
+            int(offset): int(seq)
+            for offset, seq in conn.execute(
+                'SELECT "offset", seq FROM run_events WHERE run_id = %s', (run_id,)
+            )
+        }
+        written = read_projected(self.log, self.topic, run_id, where)
+        state, _ = fold_verified(
+            [(w.value, w.mac) for w in written],
+            self.log.decode_event,
+            run_id,
+            restore,
+            auth,
+        )
+        return state
 
     def _restore(self, event: Event) -> Event:
         """The event with its claim-checked payloads; without them (and no more
@@ -463,6 +521,8 @@ class Projector:
             if batch.events:  # copied in, then one statement for the batch
                 _copy(cur, "stage_events", _EVENT_COLUMNS, batch.events)
                 cur.execute(_INSERT_EVENTS)
+                _copy(cur, "stage_tails", _TAIL_COLUMNS, batch.tails)
+                cur.execute(_INSERT_TAILS)
             if batch.chunks:
                 cur.executemany(
                     "INSERT INTO run_transcripts (run_id, chunk, messages, mac) "
@@ -477,13 +537,22 @@ class Projector:
                     "%s, %s) ON CONFLICT DO NOTHING",
                     batch.snapshots,
                 )
-                # Only the latest snapshot of a run is ever read (O(K) resume).
+                # Only the latest snapshot of a run is ever read (O(K) resume),
+                # with the tail from its event on.
+                latest = _columns(list(batch.latest.items()), 2)
                 cur.execute(
                     "DELETE FROM run_snapshots s USING unnest(%s::text[], "
                     "%s::bigint[]) AS l(run_id, seq) "
                     "WHERE s.run_id = l.run_id AND s.seq < l.seq",
-                    _columns(list(batch.latest.items()), 2),
+                    latest,
                 )
+                cur.execute(
+                    "DELETE FROM run_tails t USING unnest(%s::text[], "
+                    "%s::bigint[]) AS l(run_id, seq) "
+                    "WHERE t.run_id = l.run_id AND t.seq < l.seq",
+                    latest,
+                )
+                batch.tails_deleted = max(cur.rowcount, 0)
             if batch.refs:
                 cur.execute(
                     "INSERT INTO payload_refs (key, run_id) SELECT * FROM "
@@ -527,19 +596,24 @@ _EVENT_COLUMNS = (
     "at",
     "partition",
     '"offset"',
-    "payload",
-    "mac",
 )
+_TAIL_COLUMNS = ("run_id", "seq", "payload", "mac")
 _COLUMNS = (*RUN_COLUMNS, "partition", "last_offset", "head")
 _STAGING = (
     "CREATE TEMP TABLE IF NOT EXISTS stage_events "
     "(LIKE run_events INCLUDING DEFAULTS) ON COMMIT DELETE ROWS; "
+    "CREATE TEMP TABLE IF NOT EXISTS stage_tails "
+    "(LIKE run_tails INCLUDING DEFAULTS) ON COMMIT DELETE ROWS; "
     "CREATE TEMP TABLE IF NOT EXISTS stage_runs "
     "(LIKE runs INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
 )
 _INSERT_EVENTS = (
     f"INSERT INTO run_events ({', '.join(_EVENT_COLUMNS)}) "  # noqa: S608 - fixed
     f"SELECT {', '.join(_EVENT_COLUMNS)} FROM stage_events ON CONFLICT DO NOTHING"
+)
+_INSERT_TAILS = (
+    f"INSERT INTO run_tails ({', '.join(_TAIL_COLUMNS)}) "  # noqa: S608 - fixed
+    f"SELECT {', '.join(_TAIL_COLUMNS)} FROM stage_tails ON CONFLICT DO NOTHING"
 )
 _UPSERT_RUNS = (
     f"INSERT INTO runs ({', '.join(_COLUMNS)}) "  # noqa: S608 - fixed column names

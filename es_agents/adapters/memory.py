@@ -21,6 +21,7 @@ from es_agents.ports import (
     EffectRecord,
     EffectStatus,
     Moved,
+    Positions,
     Projected,
     ScheduleRow,
     ServedAgent,
@@ -359,8 +360,8 @@ class MemoryProjections:
     def dead_letters(self, run_id: str) -> list[tuple[str, int, int, str]]:
         return []
 
-    def events(self, run_id: str) -> list[Event]:
-        return []
+    def positions(self, run_id: str, partition: int) -> Positions:
+        return Positions({})
 
     def runs(
         self,
@@ -383,7 +384,7 @@ class MemoryProjections:
     def first_offset(self, run_id: str) -> int | None:
         return None
 
-    def event_digests(self, run_prefix: str = "") -> dict[str, dict[int, bytes]]:
+    def event_digests(self, run_prefix: str = "") -> dict[str, dict[int, bytes | None]]:
         return {}
 
     def snapshot_states(self, run_prefix: str = "") -> dict[str, tuple[int, object]]:

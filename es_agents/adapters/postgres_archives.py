@@ -29,15 +29,6 @@ class PostgresArchives:
             ).fetchone()
         return None if row is None else (str(row[0]), int(row[1]))
 
-    def written(self, run_id: str) -> list[Written]:
-        with self._db.statement() as conn:
-            rows = conn.execute(
-                'SELECT seq, partition, "offset", payload, mac FROM run_events '
-                "WHERE run_id = %s ORDER BY seq",
-                (run_id,),
-            ).fetchall()
-        return [Written(r[0], r[1], r[2], bytes(r[3]), r[4]) for r in rows]
-
     def archived(self, run_id: str) -> ArchiveRow | None:
         with self._db.statement() as conn:
             row = conn.execute(
@@ -80,7 +71,12 @@ class PostgresArchives:
                     f"run {run_id} has events up to seq {run[1]}, its archive up "
                     f"to {archive[0]}: archive it again"
                 )
-            for table in ("run_events", "run_snapshots", "run_transcripts"):
+            for table in (
+                "run_events",
+                "run_tails",
+                "run_snapshots",
+                "run_transcripts",
+            ):
                 conn.execute(
                     f"DELETE FROM {table} WHERE run_id = %s",  # noqa: S608
                     (run_id,),
@@ -149,9 +145,15 @@ class PostgresArchives:
             with conn.cursor() as cur:
                 cur.executemany(
                     "INSERT INTO run_events (run_id, seq, step, type, event_id, at, "
-                    'partition, "offset", payload, mac) VALUES (%s, %s, %s, %s, %s, '
-                    "%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    'partition, "offset") VALUES (%s, %s, %s, %s, %s, %s, %s, %s) '
+                    "ON CONFLICT DO NOTHING",
                     [_event_row(run_id, w, e) for w, e in events],
+                )
+                # No snapshot comes back: a resume folds the whole run from here.
+                cur.executemany(
+                    "INSERT INTO run_tails (run_id, seq, payload, mac) "
+                    "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                    [(run_id, w.seq, w.value, w.mac) for w in rows],
                 )
                 cur.executemany(
                     "INSERT INTO payload_refs (key, run_id) VALUES (%s, %s) "
@@ -185,7 +187,4 @@ class PostgresArchives:
 
 
 def _event_row(run_id: str, w: Written, e: Any) -> tuple[Any, ...]:
-    return (
-        run_id, w.seq, e.step, e.wire_name, e.event_id, e.at, w.partition, w.offset,
-        w.value, w.mac,
-    )  # fmt: skip
+    return (run_id, w.seq, e.step, e.wire_name, e.event_id, e.at, w.partition, w.offset)

@@ -28,8 +28,8 @@ from es_agents.core.snapshot import (
 )
 from es_agents.core.state import RunState
 from es_agents.core.transcript import CHUNK, ChunkLoader, Message
-from es_agents.errors import ConfigError, ProjectionUntrusted
-from es_agents.ports import Projected
+from es_agents.errors import ConfigError, ProjectionIncomplete, ProjectionUntrusted
+from es_agents.ports import EventLog, Positions, Projected
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +41,11 @@ _COLUMNS = ", ".join(_NAMES)
 # One statement, so one round trip and one consistent view: the latest snapshot of
 # this reducer version with its event's bytes (part 0), the last ``last`` transcript
 # chunks it names (1: all of them, or the last one when the rest is read on
-# demand), the projected events after it (2), the projector's offset and epoch
-# floors on the run's partition (3), and how many of the snapshot's chunks are
-# missing (4: a snapshot whose transcript is not all there is not used), and the
-# archive of a run whose rows were purged (5).
+# demand), the run's tail after it (2), the projector's offset and epoch floors on
+# the run's partition (3), and how many of the snapshot's chunks are missing (4: a
+# snapshot whose transcript is not all there is not used), and the archive of a
+# run whose rows were purged (5). ``run_tails`` keeps the bytes of a run's events
+# from its latest snapshot on (``run_events`` says only where each is in the log).
 _LOAD = """
 WITH s AS (
     SELECT seq, state, mac,
@@ -54,15 +55,15 @@ WITH s AS (
     WHERE run_id = %(run)s AND reducer_version = %(reducer)s
     ORDER BY seq DESC LIMIT 1
 )
-SELECT 0, s.seq, s.state, e.payload, s.mac, e.mac FROM s
-    LEFT JOIN run_events e ON e.run_id = %(run)s AND e.seq = s.seq
+SELECT 0, s.seq, s.state, t.payload, s.mac, t.mac FROM s
+    LEFT JOIN run_tails t ON t.run_id = %(run)s AND t.seq = s.seq
 UNION ALL
 SELECT 1, t.chunk, t.messages, NULL, t.mac, NULL FROM s
     JOIN run_transcripts t ON t.run_id = %(run)s AND t.chunk < s.chunks
         AND t.chunk >= s.chunks - %(last)s
 UNION ALL
-SELECT 2, e.seq, NULL, e.payload, NULL, e.mac FROM run_events e
-    WHERE e.run_id = %(run)s AND e.seq > COALESCE((SELECT seq FROM s), -1)
+SELECT 2, t.seq, NULL, t.payload, NULL, t.mac FROM run_tails t
+    WHERE t.run_id = %(run)s AND t.seq > COALESCE((SELECT seq FROM s), -1)
 UNION ALL
 SELECT 3, o.next_offset, o.floors, NULL, NULL, NULL FROM projector_offsets o
     WHERE o.group_id = %(group)s AND o.topic = %(topic)s AND o.partition = %(partition)s
@@ -97,7 +98,9 @@ def load_projected(
     last one comes with the statement), not all of them now. ``auth``: the
     snapshot and every event are verified against the writer key and the chain
     (a snapshot that does not verify is not used; an event that does not raises
-    ``ProjectionUntrusted``)."""
+    ``ProjectionUntrusted``). ``ProjectionIncomplete`` when the events before the
+    tail are needed: no usable snapshot of this reducer version, and the tail
+    kept does not start at the run's first event."""
     group, topic, partition = offset_of or (None, None, None)
     rows = conn.execute(
         _LOAD,
@@ -117,13 +120,18 @@ def load_projected(
     snapshot = next((r for r in rows if r[0] == 0), None)
     chunk_rows = [(int(r[1]), r[2], r[4]) for r in rows if r[0] == 1]
     chunks = [messages for _, messages, _ in chunk_rows]
-    events = [(bytes(r[3]), r[5]) for r in rows if r[0] == 2]
+    tail = [(int(r[1]), bytes(r[3]), r[5]) for r in rows if r[0] == 2]
     offset = next(((int(r[1]), dict(r[2])) for r in rows if r[0] == 3), (0, {}))
     missing = next((int(r[1]) for r in rows if r[0] == 4), 0)
     archived = next((str(r[4]) for r in rows if r[0] == 5), None)
     state = None
     head = GENESIS
     snapshot_seq = None
+    if snapshot is not None and snapshot[3] is None:
+        raise ProjectionIncomplete(
+            f"run {run_id}: snapshot at seq {snapshot[1]} not used (its event's "
+            "bytes are not in run_tails)"
+        )
     if snapshot is not None:
         try:
             verified = auth is None or _snapshot_verifies(auth, run_id, snapshot)
@@ -131,33 +139,25 @@ def load_projected(
                 _chunks_verify(auth, run_id, chunk_rows)
             state = _restored(snapshot[2], chunks, read_chunks, missing, verified)
             snapshot_seq = int(snapshot[1])
-            if snapshot[3] is not None:
-                head = digest(bytes(snapshot[3]))
+            head = digest(bytes(snapshot[3]))
         except (TypeError, KeyError, ValueError) as e:
             # A snapshot is a cache of the fold: one this code cannot read (written
             # by other code under the same reducer version), or one not signed by a
-            # projector, is skipped, and the run's projected events are folded from
-            # the start instead.
-            log.warning(
-                "run %s: snapshot at seq %s not used (%s)", run_id, snapshot[1], e
-            )
-            state, snapshot_seq, head = None, None, GENESIS
-            events = _all_events(conn, run_id)
+            # projector, is skipped; the events before it are the log's to give.
+            raise ProjectionIncomplete(
+                f"run {run_id}: snapshot at seq {snapshot[1]} not used ({e})"
+            ) from e
+    first = 0 if snapshot_seq is None else snapshot_seq + 1
+    if tail and tail[0][0] != first:
+        raise ProjectionIncomplete(
+            f"run {run_id}: no snapshot of reducer version {reducer_version()} "
+            f"before seq {tail[0][0]}"
+        )
+    events = [(raw, mac) for _, raw, mac in tail]
     state, head = fold_verified(
         events, decode, run_id, restore, auth, state=state, head=head
     )
     return state, snapshot_seq, len(events), head, offset, archived
-
-
-def _all_events(conn: psycopg.Connection[Any], run_id: str) -> list[tuple[bytes, Any]]:
-    """Every projected event of the run, (payload, MAC), in order."""
-    return [
-        (bytes(r[0]), r[1])
-        for r in conn.execute(
-            "SELECT payload, mac FROM run_events WHERE run_id = %s ORDER BY seq",
-            (run_id,),
-        )
-    ]
 
 
 def fold_verified(
@@ -275,6 +275,8 @@ class PostgresProjections:
         # The writer key: snapshots and events are resumed from only if they
         # verify (set with the log's, by the composition root).
         self.auth: Authenticator | None = None
+        # The log, which holds the events before a run's tail (set with the key).
+        self.log: EventLog | None = None
 
     def projected_until(self, partition: int) -> int:
         with self._db.transaction() as conn:
@@ -342,11 +344,21 @@ class PostgresProjections:
         first: int,
         last: int,
     ) -> list[tuple[int, list[Message]]]:
-        """Chunks ``first`` to ``last`` of the transcript the run's projected
-        events fold to (the transcript only grows: its prefix is the chunks')."""
-        with self._db.statement() as conn:
-            events = _all_events(conn, run_id)
-        state, _ = fold_verified(events, self._decode, run_id, restore, self.auth)
+        """Chunks ``first`` to ``last`` of the transcript the run's log folds to
+        (the transcript only grows: its prefix is the chunks'); each event read
+        from the log is a worker's and chains on the one before."""
+        if self.log is None:
+            raise ProjectionIncomplete(f"run {run_id}: no log to rebuild chunks from")
+        state = None
+        head = GENESIS
+        for sealed in self.log.read_sealed(
+            run_id, from_offset=self.first_offset(run_id) or 0, restore=False
+        ):
+            if sealed.event.prev != head:
+                continue  # not a link of this run's chain
+            event = restore(sealed.event) if restore is not None else sealed.event
+            state = fold(state or RunState(run_id=run_id), event)
+            head = sealed.digest
         messages = list(state.transcript) if state is not None else []
         return [(n, messages[n * CHUNK : (n + 1) * CHUNK]) for n in range(first, last)]
 
@@ -381,13 +393,28 @@ class PostgresProjections:
             ).fetchall()
         return [(str(t), int(p), int(o), str(r)) for t, p, o, r in rows]
 
-    def events(self, run_id: str) -> list[Event]:
+    def positions(self, run_id: str, partition: int) -> Positions:
         with self._db.statement() as conn:
             rows = conn.execute(
-                "SELECT payload FROM run_events WHERE run_id = %s ORDER BY seq",
-                (run_id,),
+                'SELECT 0, "offset", seq, NULL FROM run_events WHERE run_id = %(run)s '
+                "UNION ALL SELECT 1, next_offset, 0, floors FROM projector_offsets "
+                "WHERE group_id = %(group)s AND topic = %(topic)s "
+                "AND partition = %(partition)s "
+                "UNION ALL SELECT 2, 0, 0, to_jsonb(key) FROM run_archives "
+                "WHERE run_id = %(run)s AND purged_at IS NOT NULL",
+                {
+                    "run": run_id,
+                    "group": self._group,
+                    "topic": self._topic,
+                    "partition": partition,
+                },
             ).fetchall()
-        return [self._decode(bytes(r[0])) for r in rows]
+        offsets = {int(r[1]): int(r[2]) for r in rows if r[0] == 0}
+        until, floors = next(
+            ((int(r[1]), dict(r[3])) for r in rows if r[0] == 1), (0, {})
+        )
+        archived = next((str(r[3]) for r in rows if r[0] == 2), None)
+        return Positions(offsets, until, floors, archived)
 
     def run_row(self, run_id: str) -> dict[str, object] | None:
         with self._db.transaction() as conn:
@@ -420,17 +447,21 @@ class PostgresProjections:
             ).fetchall()
         return {str(r[0]): dict(zip(_NAMES, r, strict=True)) for r in rows}
 
-    def event_digests(self, run_prefix: str = "") -> dict[str, dict[int, bytes]]:
-        out: dict[str, dict[int, bytes]] = {}
+    def event_digests(self, run_prefix: str = "") -> dict[str, dict[int, bytes | None]]:
+        out: dict[str, dict[int, bytes | None]] = {}
         with self._db.transaction() as conn:
             conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
             cursor = conn.execute(
-                "SELECT run_id, seq, sha256(payload) FROM run_events "
-                "WHERE starts_with(run_id, %s)",
+                "SELECT coalesce(e.run_id, t.run_id), coalesce(e.seq, t.seq), "
+                "sha256(t.payload) FROM run_events e FULL JOIN run_tails t "
+                "ON t.run_id = e.run_id AND t.seq = e.seq "
+                "WHERE starts_with(coalesce(e.run_id, t.run_id), %s)",
                 (run_prefix,),
             )
             for run_id, seq, sha in cursor:
-                out.setdefault(str(run_id), {})[int(seq)] = bytes(sha)
+                out.setdefault(str(run_id), {})[int(seq)] = (
+                    bytes(sha) if sha is not None else None
+                )
         return out
 
     def snapshot_states(self, run_prefix: str = "") -> dict[str, tuple[int, object]]:

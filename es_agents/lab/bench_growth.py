@@ -43,7 +43,7 @@ from es_agents.ports import Ports
 from es_agents.settings import Settings
 from es_agents.tools import Tool, ToolContext, tool
 
-_TABLES = ("runs", "run_events", "run_snapshots", "run_transcripts")
+_TABLES = ("runs", "run_events", "run_tails", "run_snapshots", "run_transcripts")
 
 
 class Note(BaseModel):

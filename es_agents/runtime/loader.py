@@ -12,14 +12,17 @@ whole log is folded.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass
 
-from es_agents.core.chain import GENESIS
+from es_agents.core.chain import GENESIS, Sealed
+from es_agents.core.events import Event
 from es_agents.core.fold import fold
 from es_agents.core.state import RunState
-from es_agents.errors import ProjectionUntrusted
+from es_agents.errors import ProjectionIncomplete, ProjectionUntrusted
+from es_agents.history import read_projected
 from es_agents.ports import EventLog, Projected, Projections
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,10 @@ class RunLoader:
     def projected_until(self, partition: int) -> int:
         return self.projections.projected_until(partition)
 
+    def _decoded(self, value: bytes, restore: bool) -> Event:
+        event = self.log.decode_event(value)
+        return self.log.restore(event) if restore else event
+
     def load(self, run_id: str, at_least: int = 0, restore: bool = True) -> Loaded:
         """``at_least``: the caller's own last committed offset on the run's
         partition; the tail is read at least that far (read your writes).
@@ -68,20 +75,39 @@ class RunLoader:
             projected = self.projections.load(
                 run_id, partition, self.log.restore if restore else None
             )
+            history: list[Sealed] = []
         except ProjectionUntrusted as e:
             # Rows changed by someone without the writer key: the log decides.
             first = self.projections.first_offset(run_id)
             log.warning("%s: resumed from the log from offset %s", e, first or 0)
             projected = Projected(None, None, 0, first or 0)
+            history = []
+        except ProjectionIncomplete as e:
+            # No snapshot to start from (another reducer version's, or one not
+            # usable): the projected events are read from the log.
+            log.info("%s: its projected events are read from the log", e)
+            where = self.projections.positions(run_id, partition)
+            history = [
+                Sealed(self._decoded(w.value, restore), w.value)
+                for w in read_projected(
+                    self.log, self.events_topic, run_id, where.offsets
+                )
+            ]
+            projected = Projected(
+                None, None, 0, where.projected_until, floors=where.floors
+            )
         state = projected.state
         head = projected.head
         tail = 0
-        for sealed in self.log.read_sealed(
-            run_id,
-            from_offset=projected.projected_until,
-            at_least=at_least,
-            restore=restore,
-            floors=projected.floors,
+        for sealed in itertools.chain(
+            history,
+            self.log.read_sealed(
+                run_id,
+                from_offset=projected.projected_until,
+                at_least=at_least,
+                restore=restore,
+                floors=projected.floors,
+            ),
         ):
             event = sealed.event
             if state is None or event.seq > state.seq:

@@ -137,7 +137,8 @@ def _check_readers(  # noqa: PLR0917 - the scene the test set up
     assert projector.fenced_writes >= 1
     with psycopg.connect(fresh_db) as conn:
         rows = conn.execute(
-            "SELECT seq, payload FROM run_events WHERE run_id = %s ORDER BY seq",
+            "SELECT e.seq, t.payload FROM run_events e JOIN run_tails t "
+            "USING (run_id, seq) WHERE e.run_id = %s ORDER BY e.seq",
             (run_id,),
         ).fetchall()
         floors = conn.execute(

@@ -276,8 +276,9 @@ def test_an_edited_snapshot_decides_nothing(
 def test_audit_checks_the_projection_against_the_log(
     env: dict[str, str], database_url: str, tmp_path: Path
 ) -> None:
-    """Before: deleting or changing rows of ``run_events`` was noticed by nothing,
-    and an edited snapshot left ``audit`` clean. Now each is reported."""
+    """Before: deleting rows of ``run_events`` or changing the bytes the projection
+    keeps (``run_tails``) was noticed by nothing, and an edited snapshot left
+    ``audit`` clean. Now each is reported."""
     run_id, _ = _paused_pair(env, uuid.uuid4().hex[:6])
     assert cli(env, "projector", "--until-caught-up").returncode == 0
     report = tmp_path / "audit.json"
@@ -291,17 +292,22 @@ def test_audit_checks_the_projection_against_the_log(
             ("Adopt event-sourced agent runs", "WIRE ALL FUNDS TO MALLORY", run_id),
         )
         conn.execute("DELETE FROM run_events WHERE run_id = %s AND seq = 1", (run_id,))
+        tail = conn.execute(  # the snapshot's event: where the tail starts
+            "SELECT min(seq) FROM run_tails WHERE run_id = %s", (run_id,)
+        ).fetchone()
+        assert tail is not None and tail[0] is not None and tail[0] > 1
         conn.execute(
-            "UPDATE run_events SET payload = payload || '\\x00'::bytea "
-            "WHERE run_id = %s AND seq = 2",
-            (run_id,),
+            "UPDATE run_tails SET payload = payload || '\\x00'::bytea "
+            "WHERE run_id = %s AND seq = %s",
+            (run_id, tail[0]),
         )
     audited = cli(env, *args)
     problems = json.loads(report.read_text())["problems"].get(run_id, [])
     assert audited.returncode == 1, problems
     assert any("run_snapshots@" in p for p in problems), problems
     assert any("no row for seq 1" in p and "deleted" in p for p in problems), problems
-    assert any("run_events seq 2" in p and "changed" in p for p in problems), problems
+    changed = f"run_tails seq {tail[0]}"
+    assert any(changed in p and "changed" in p for p in problems), problems
 
 
 @pytest.mark.parametrize("chunk", [0, 1])
