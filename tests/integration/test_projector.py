@@ -339,6 +339,77 @@ def test_resume_reads_a_snapshot_and_at_most_k_events(
         log.close()
 
 
+def test_the_projection_keeps_the_bytes_of_the_tail_only(
+    kafka_settings: KafkaSettings, fresh_db: str
+) -> None:
+    """``run_events`` says where each event is; ``run_tails`` keeps the bytes from
+    the latest snapshot on. A projector with no snapshot to start from (one this
+    code cannot read) reads the run's projected events from the log and goes on."""
+    k = 50
+    settings = _settings(kafka_settings, fresh_db, k)
+    run_id = f"run-tail-{uuid.uuid4().hex[:6]}"
+    events = script_of(run_id, random.Random(7), patches=730)
+    log, db, projections = _projected(kafka_settings, settings, events)
+    try:
+        with db.transaction() as conn:
+            columns = {
+                str(r[0])
+                for r in conn.execute(
+                    "SELECT column_name FROM information_schema.columns "
+                    "WHERE table_name = 'run_events'"
+                )
+            }
+            rows = conn.execute(
+                "SELECT count(*) FROM run_events WHERE run_id = %s", (run_id,)
+            ).fetchone()
+            tail = conn.execute(
+                "SELECT min(seq), max(seq), count(*) FROM run_tails WHERE run_id = %s",
+                (run_id,),
+            ).fetchone()
+            snapshot = conn.execute(
+                "SELECT max(seq) FROM run_snapshots WHERE run_id = %s", (run_id,)
+            ).fetchone()
+        assert "payload" not in columns
+        assert "offset" in columns
+        assert rows is not None
+        assert rows[0] == len(events)
+        assert tail is not None
+        assert snapshot is not None
+        assert snapshot[0] is not None
+        assert tail[0] == snapshot[0]  # the snapshot's event: the chain's head
+        assert tail[1] == len(events) - 1
+        assert tail[2] == tail[1] - tail[0] + 1 <= k
+
+        with db.transaction() as conn:
+            conn.execute(
+                "UPDATE run_snapshots SET state = jsonb_set(state, "
+                "'{versions,from_other_code}', '1') WHERE run_id = %s",
+                (run_id,),
+            )
+        state = replay(events)
+        more: list[Event] = [
+            StatePatched(
+                run_id=run_id,
+                seq=state.seq + 1 + i,
+                step=state.step,
+                key="later",
+                value_json=json.dumps(i),
+            )
+            for i in range(3)
+        ]
+        log.append(more)
+        _project(settings)  # a new projector: nothing cached, no usable snapshot
+        row = projections.run_row(run_id)
+        assert row is not None
+        assert row["last_seq"] == len(events) + 2
+        loaded = RunLoader(projections, log, kafka_settings.events_topic).load(run_id)
+        assert loaded.state == replay(events + more)
+        assert loaded.events_from_log == len(events) + 3  # the history, then none
+    finally:
+        db.close()
+        log.close()
+
+
 def test_a_resumed_run_reads_its_transcript_only_when_asked_for(
     kafka_settings: KafkaSettings, fresh_db: str
 ) -> None:

@@ -295,7 +295,9 @@ def test_audit_checks_the_projection_against_the_log(
         tail = conn.execute(  # the snapshot's event: where the tail starts
             "SELECT min(seq) FROM run_tails WHERE run_id = %s", (run_id,)
         ).fetchone()
-        assert tail is not None and tail[0] is not None and tail[0] > 1
+        assert tail is not None
+        assert tail[0] is not None
+        assert tail[0] > 1
         conn.execute(
             "UPDATE run_tails SET payload = payload || '\\x00'::bytea "
             "WHERE run_id = %s AND seq = %s",
