@@ -263,7 +263,7 @@ class Projector:
         self.probe.hit("projector:after_commit")
         self.projected += len(batch.events)
         now = datetime.now(UTC)
-        self.lags_ms.extend((now - e[5]).total_seconds() * 1000 for e in batch.events)
+        self.lags_ms.extend((now - e[4]).total_seconds() * 1000 for e in batch.events)
         self._report(batch, now)
         self._vacuum_tails(batch.tails_deleted)
 
@@ -288,7 +288,7 @@ class Projector:
         """Metrics of a committed batch."""
         if isinstance(self.telemetry, NoTelemetry):
             return
-        lag = (now - batch.events[-1][5]).total_seconds() if batch.events else 0.0
+        lag = (now - batch.events[-1][4]).total_seconds() if batch.events else 0.0
         self.telemetry.projected([e[3] for e in batch.events], lag)
         for agent, seconds in batch.waits:
             self.telemetry.approval_waited(agent, seconds)
@@ -398,7 +398,6 @@ class Projector:
                 event.seq,
                 event.step,
                 event.wire_name,
-                event.event_id,
                 event.at,
                 partition,
                 offset,
@@ -592,7 +591,6 @@ _EVENT_COLUMNS = (
     "seq",
     "step",
     "type",
-    "event_id",
     "at",
     "partition",
     '"offset"',

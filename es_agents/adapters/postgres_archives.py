@@ -144,8 +144,8 @@ class PostgresArchives:
                 raise Refused(f"run {run_id} is not purged: nothing to restore")
             with conn.cursor() as cur:
                 cur.executemany(
-                    "INSERT INTO run_events (run_id, seq, step, type, event_id, at, "
-                    'partition, "offset") VALUES (%s, %s, %s, %s, %s, %s, %s, %s) '
+                    "INSERT INTO run_events (run_id, seq, step, type, at, partition, "
+                    '"offset") VALUES (%s, %s, %s, %s, %s, %s, %s) '
                     "ON CONFLICT DO NOTHING",
                     [_event_row(run_id, w, e) for w, e in events],
                 )
@@ -187,4 +187,4 @@ class PostgresArchives:
 
 
 def _event_row(run_id: str, w: Written, e: Any) -> tuple[Any, ...]:
-    return (run_id, w.seq, e.step, e.wire_name, e.event_id, e.at, w.partition, w.offset)
+    return (run_id, w.seq, e.step, e.wire_name, e.at, w.partition, w.offset)

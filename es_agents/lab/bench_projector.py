@@ -104,7 +104,9 @@ def _bench_projector(
         batch_size=5000,
     )
     with catchup.db.transaction() as conn:  # a fresh projection: empty tables
-        conn.execute("TRUNCATE runs, run_events, run_tails, run_snapshots, run_transcripts")
+        conn.execute(
+            "TRUNCATE runs, run_events, run_tails, run_snapshots, run_transcripts"
+        )
     t0 = time.perf_counter()
     catchup.run(until_caught_up=True, idle_seconds=0.2)
     projector_rate = catchup.projected / (time.perf_counter() - t0 - 0.2)

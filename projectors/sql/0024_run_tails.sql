@@ -1,5 +1,6 @@
 -- run_events no longer repeats the log. Each row says where an event is (partition,
--- offset) and what it is (seq, step, type, id, time); its bytes stay in the log.
+-- offset) and what it is (seq, step, type, time); its bytes, and with them its
+-- event id, stay in the log.
 -- What a resume folds -- the events from a run's latest snapshot on, the
 -- snapshot's own event included (its digest is the chain's head) -- is kept with
 -- its bytes and writer MAC in run_tails, and the projector deletes a run's tail
@@ -32,7 +33,8 @@ WHERE e.seq >= COALESCE(s.seq, 0)
 ON CONFLICT DO NOTHING;
 -- Dropping a column is immediate; the space of the old bytes is reused as rows are
 -- rewritten (VACUUM FULL run_events gives it back at once).
-ALTER TABLE run_events DROP COLUMN IF EXISTS payload, DROP COLUMN IF EXISTS mac;
+ALTER TABLE run_events DROP COLUMN IF EXISTS payload, DROP COLUMN IF EXISTS mac,
+    DROP COLUMN IF EXISTS event_id;
 DO $$
 BEGIN
     IF EXISTS (SELECT FROM pg_roles WHERE rolname = 'es_reader') THEN

@@ -128,7 +128,7 @@ def _tables(db: str) -> dict[str, list[tuple[Any, ...]]]:
         return {
             "runs": conn.execute("SELECT * FROM runs ORDER BY run_id").fetchall(),
             "run_events": conn.execute(
-                'SELECT run_id, seq, step, type, event_id, at, partition, "offset" '
+                'SELECT run_id, seq, step, type, at, partition, "offset" '
                 "FROM run_events ORDER BY run_id, seq"
             ).fetchall(),
             "run_tails": conn.execute(
