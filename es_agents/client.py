@@ -61,7 +61,7 @@ from es_agents.errors import (
     PayloadUnavailable,
 )
 from es_agents.following import follow_run
-from es_agents.history import read_projected
+from es_agents.history import read_runs
 from es_agents.ports import (
     Decided,
     Delta,
@@ -737,27 +737,30 @@ class Client:
         """The run's events as they count (claim-checked payloads read back): the
         projection's and the log's beyond the projector, in order. Raises
         ``NotFound`` for a run with none."""
-        partition = self._log.partition_for(run_id)
-        where = self._ports.projections.positions(run_id, partition)
-        if where.archived is not None and not where.offsets:  # purged
-            return [self.reveal(run_id, e) for e in self.retention.events(run_id)]
-        topic = self.settings.kafka.events_topic
-        decode = self._log.decode_event
-        events = [
-            decode(w.value)
-            for w in read_projected(self._log, topic, run_id, where.offsets)
-        ]
-        after = events[-1].seq if events else -1
-        tail = self._log.read_sealed(
-            run_id,
-            from_offset=where.projected_until,
-            restore=False,
-            floors=where.floors,
-        )
-        events += [s.event for s in tail if s.event.seq > after]
+        events = self.events_of([run_id])[run_id]
         if not events:
             raise NotFound(f"unknown run {run_id}")
-        return [self.reveal(run_id, self._log.restore(e)) for e in events]
+        return events
+
+    def events_of(self, run_ids: Iterable[str]) -> dict[str, list[Event]]:
+        """``events`` of several runs at once (an empty list for a run with
+        none): the log is read once per partition for them all."""
+        where = {
+            run_id: self._ports.projections.positions(
+                run_id, self._log.partition_for(run_id)
+            )
+            for run_id in run_ids
+        }
+        out: dict[str, list[Event]] = {}
+        for run_id, positions in where.items():
+            if positions.archived is not None and not positions.offsets:  # purged
+                events = self.retention.events(run_id)
+                out[run_id] = [self.reveal(run_id, e) for e in events]
+        rest = {run_id: p for run_id, p in where.items() if run_id not in out}
+        topic = self.settings.kafka.events_topic
+        for run_id, events in read_runs(self._log, topic, rest).items():
+            out[run_id] = [self.reveal(run_id, self._log.restore(e)) for e in events]
+        return out
 
     def dead_letters(
         self, run_id: str | None = None, limit: int = 100

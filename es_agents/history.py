@@ -13,12 +13,79 @@ row and is not read.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 
 from es_agents.archive import Written
 from es_agents.core.authorship import AUTH_HEADER
-from es_agents.errors import ProjectionIncomplete
-from es_agents.ports import EventLog, Record
+from es_agents.core.events import Event
+from es_agents.errors import DecodeError, ProjectionIncomplete
+from es_agents.ports import EventLog, Positions, Record
+
+
+def read_runs(
+    log: EventLog, topic: str, where: Mapping[str, Positions]
+) -> dict[str, list[Event]]:
+    """Several runs' events as they count, in order: their projected events
+    (``where``: each run's ``Projections.positions``) and, beyond the projector,
+    the events the log holds for them, claim-checked payloads left claimed. Two
+    reads per partition, whatever the number of runs: one over the stretch their
+    projected events span, one from the projector's offset (with its epoch floors
+    there) to the end."""
+    found: dict[str, dict[int, Event]] = {run_id: {} for run_id in where}
+    by_partition: dict[int, dict[str, Positions]] = {}
+    for run_id, positions in where.items():
+        by_partition.setdefault(log.partition_for(run_id), {})[run_id] = positions
+    for partition, runs in by_partition.items():
+        wanted = {
+            offset: (run_id, seq)
+            for run_id, positions in runs.items()
+            for offset, seq in positions.offsets.items()
+        }
+        if wanted:
+            got = 0
+            for record in _stretch(log, topic, partition, min(wanted), max(wanted)):
+                run_seq = wanted.get(record.offset)
+                if run_seq is not None and record.key == run_seq[0]:
+                    found[run_seq[0]][run_seq[1]] = log.decode_event(record.value)
+                    got += 1
+            if got != len(wanted):
+                raise ProjectionIncomplete(
+                    f"{len(wanted) - got} projected events are not in the log at "
+                    f"{topic}[{partition}]"
+                )
+        # Beyond the projector: from the earliest offset any of them was read at,
+        # with the floors there (a later event read twice counts once, by seq).
+        first = min(runs.values(), key=lambda p: p.projected_until)
+        records = log.read_partition(
+            topic, partition, first.projected_until, floors=first.floors
+        )
+        for record in records:
+            if record.key in runs:
+                try:
+                    event = log.decode_event(record.value)
+                except DecodeError:
+                    continue  # reported where the log is read for acting
+                found[record.key].setdefault(event.seq, event)
+    return {
+        run_id: [e for _, e in sorted(seqs.items())] for run_id, seqs in found.items()
+    }
+
+
+def _stretch(
+    log: EventLog, topic: str, partition: int, start: int, last: int
+) -> Iterator[Record]:
+    """The partition's records from ``start`` to ``last``, the reader released
+    as soon as ``last`` is read."""
+    records = log.read_partition(topic, partition, start)
+    try:
+        for record in records:
+            yield record
+            if record.offset >= last:
+                return
+    finally:
+        close = getattr(records, "close", None)
+        if close is not None:  # a generator holding the reader's lock
+            close()
 
 
 def read_projected(
@@ -30,22 +97,13 @@ def read_projected(
     if not where:
         return []
     partition = log.partition_for(run_id)
-    last = max(where)
     found: list[Written] = []
-    records = log.read_partition(topic, partition, min(where))
-    try:
-        for record in records:
-            seq = where.get(record.offset)
-            if seq is not None and record.key == run_id:
-                found.append(
-                    Written(seq, partition, record.offset, record.value, _mac(record))
-                )
-            if record.offset >= last:
-                break
-    finally:
-        close = getattr(records, "close", None)
-        if close is not None:  # release the reader now (a generator holds a lock)
-            close()
+    for record in _stretch(log, topic, partition, min(where), max(where)):
+        seq = where.get(record.offset)
+        if seq is not None and record.key == run_id:
+            found.append(
+                Written(seq, partition, record.offset, record.value, _mac(record))
+            )
     if len(found) != len(where):
         have = {w.offset for w in found}
         lost = sorted(set(where) - have)

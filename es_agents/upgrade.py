@@ -20,14 +20,16 @@ from pydantic import JsonValue
 
 from es_agents.agent import running_versions
 from es_agents.core import replay
-from es_agents.core.state import RunState
+from es_agents.core.events import Event
+from es_agents.core.state import RunState, Versions
 from es_agents.core.versions import Migrate, Refuse, VersionPolicy, gate
-from es_agents.errors import EsAgentsError, NotFound
+from es_agents.errors import EsAgentsError
 
 if TYPE_CHECKING:
     from es_agents.client import Client, RunRow
 
 NOT_FINISHED = ("running", "paused", "blocked")
+BATCH = 1000  # runs whose logs are read together (one pass per partition)
 
 
 @dataclass(frozen=True)
@@ -50,35 +52,43 @@ def check(client: Client, agent: Any, limit: int = 100_000) -> Iterator[RunVerdi
     policy: VersionPolicy = getattr(agent, "version_policy", VersionPolicy())
     migrations = list(getattr(agent, "migrations", []))
     for status in NOT_FINISHED:
-        for row in client.runs(status, limit, agent=agent.name):
-            try:
-                events = client.events(row.run_id)
-            except NotFound:
-                continue  # another prefix's run (they may share a database)
-            try:
-                state = replay(events)
-                # As far as the projector got: the projection may trail the log.
-                projected = replay(events[: row.events])
-            except EsAgentsError as e:
-                why = f"its log does not fold with this code: {e}"
-                yield RunVerdict(row.run_id, row.status, "refuse", why, {}, why)
-                continue
-            decision = gate(state.versions, running, policy, migrations)
-            changed = {k: list(v) for k, v in decision.changed.items()}
-            if isinstance(decision, Refuse):
-                verdict, reason = "refuse", decision.reason
-            elif isinstance(decision, Migrate):
-                verdict, reason = "migrate", decision.migration.description
-            else:
-                verdict, reason = ("verbatim" if changed else "same"), None
-            yield RunVerdict(
-                row.run_id,
-                row.status,
-                verdict,
-                reason,
-                changed,
-                _differs(projected, row),
-            )
+        rows = client.runs(status, limit, agent=agent.name)
+        for start in range(0, len(rows), BATCH):
+            batch = rows[start : start + BATCH]
+            logs = client.events_of([row.run_id for row in batch])
+            for row in batch:
+                events = logs.get(row.run_id)
+                if events:  # none: another prefix's run (they may share a database)
+                    yield _verdict(row, events, running, policy, migrations)
+
+
+def _verdict(
+    row: RunRow,
+    events: list[Event],
+    running: Versions,
+    policy: VersionPolicy,
+    migrations: list[Any],
+) -> RunVerdict:
+    """What the gate decides for a run whose log is ``events``, and how the new
+    fold differs from the projection."""
+    try:
+        state = replay(events)
+        # As far as the projector got: the projection may trail the log.
+        projected = replay(events[: row.events])
+    except EsAgentsError as e:
+        why = f"its log does not fold with this code: {e}"
+        return RunVerdict(row.run_id, row.status, "refuse", why, {}, why)
+    decision = gate(state.versions, running, policy, migrations)
+    changed = {k: list(v) for k, v in decision.changed.items()}
+    if isinstance(decision, Refuse):
+        verdict, reason = "refuse", decision.reason
+    elif isinstance(decision, Migrate):
+        verdict, reason = "migrate", decision.migration.description
+    else:
+        verdict, reason = ("verbatim" if changed else "same"), None
+    return RunVerdict(
+        row.run_id, row.status, verdict, reason, changed, _differs(projected, row)
+    )
 
 
 def _differs(state: RunState, row: RunRow) -> str | None:

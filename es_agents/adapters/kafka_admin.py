@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -97,7 +98,12 @@ def ensure_topics(
             except KafkaException as e:
                 if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise Unavailable(f"cannot create topic {topic}: {e}") from e
-        existing = _wait_for_leaders(admin, topics, timeout)
+        existing = _wait_for_leaders(
+            admin,
+            topics,
+            timeout,
+            lambda: AdminClient(_client(settings.to_librdkafka())),
+        )
     counts = {t: len(existing[t].partitions) for t in topics if t in existing}
     commands, events = settings.commands_topic, settings.events_topic
     if counts.get(commands) != counts.get(events):
@@ -216,12 +222,24 @@ def _check_retention(
     )
 
 
-def _wait_for_leaders(admin: AdminClient, topics: list[str], timeout: float) -> Any:
+def _wait_for_leaders(
+    admin: AdminClient,
+    topics: list[str],
+    timeout: float,
+    renew: Callable[[], AdminClient],
+) -> Any:
     """New topics are usable once every partition has a leader in the metadata;
-    polled by the retry policy for up to ``timeout`` seconds."""
+    polled by the retry policy for up to ``timeout`` seconds. A metadata request
+    left unanswered (seen under load) is asked again, with a new client (``renew``),
+    after a third of that bound."""
+    current = [admin]
 
     def metadata() -> Any:
-        existing = list_topics(admin, timeout)
+        try:
+            existing = list_topics(current[0], timeout / 3)
+        except Unavailable as e:
+            current[0] = renew()
+            raise _NotYetKnown(str(e)) from e
         ready = all(
             t in existing
             and existing[t].partitions
@@ -243,4 +261,4 @@ def _wait_for_leaders(admin: AdminClient, topics: list[str], timeout: float) -> 
                 return metadata()
     except _NotYetKnown:
         pass
-    return list_topics(admin, timeout)  # the caller checks what is there
+    return list_topics(current[0], timeout)  # the caller checks what is there

@@ -53,7 +53,9 @@ def ensure_stream_topic(settings: KafkaSettings, timeout: float = 30.0) -> int:
         if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise Unavailable(f"cannot create topic {topic}: {e}") from e
     # Usable once its partitions have leaders (a piece sent before is lost).
-    ready = _wait_for_leaders(admin, [topic], timeout)
+    ready = _wait_for_leaders(
+        admin, [topic], timeout, lambda: AdminClient(_client(settings.to_librdkafka()))
+    )
     return len(ready[topic].partitions)
 
 
