@@ -76,7 +76,7 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_EVENTS = (Interrupted, RunCompleted, RunFailed)
 # ``run_tails`` is vacuumed once this many rows went, at most this often.
-TAILS_VACUUM_ROWS = 1000
+TAILS_VACUUM_ROWS = 200
 TAILS_VACUUM_SECONDS = 1.0
 
 

@@ -17,7 +17,7 @@ CREATE TABLE IF NOT EXISTS run_tails (
 -- share of the table (the projector also vacuums it when it owns it).
 ALTER TABLE run_tails SET (
     autovacuum_vacuum_scale_factor = 0,
-    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_threshold = 200,
     autovacuum_vacuum_insert_scale_factor = 0,
     autovacuum_vacuum_insert_threshold = 1000
 );
