@@ -45,6 +45,8 @@ class MemoryFlow:
         self, agent: str, run_id: str, tenant: str | None, priority: int, since_seq: int
     ) -> None:
         with self._lock:
+            if run_id in self._places:  # given one since it asked: nothing to wait for
+                return
             kept = self._queue.get(run_id)
             seq = kept[1].seq if kept is not None else next(self._seq)
             self._queue[run_id] = (

@@ -75,12 +75,21 @@ class PostgresFlow:
     ) -> None:
         with self._db.transaction() as conn:
             self._lock(conn, agent)
+            # A place given between the run's ``take`` and this (an admission that
+            # found its earlier row): it has nothing to wait for, and a row would
+            # queue it a second time.
             conn.execute(
                 "INSERT INTO flow_queue (topic_prefix, run_id, agent, tenant, "
-                "priority, since_seq) VALUES (%s, %s, %s, %s, %s, %s) "
+                "priority, since_seq) SELECT %s, %s, %s, %s, %s, %s "
+                "WHERE NOT EXISTS (SELECT 1 FROM flow_places "
+                "WHERE topic_prefix = %s AND run_id = %s) "
                 "ON CONFLICT (topic_prefix, run_id) DO UPDATE SET "
                 "since_seq = EXCLUDED.since_seq",
-                (self._prefix, run_id, agent, tenant, priority, since_seq),
+                (
+                    *(self._prefix, run_id, agent, tenant, priority, since_seq),
+                    self._prefix,
+                    run_id,
+                ),
             )
 
     def release(self, run_id: str) -> None:

@@ -106,8 +106,10 @@ class _Sampler:
         self._url = settings.database_url.get_secret_value()
         self._prefix = settings.kafka.topic_prefix
         self.places: list[int] = []
-        self.given: dict[str, int] = {}  # when each run was given its place (ms)
-        self.queues: list[list[tuple[str, int, int]]] = []
+        # When each run was given a place (ms): a run can take one again later.
+        self.given: dict[str, set[int]] = defaultdict(set)
+        # The queue as each sample saw it, with the sample's time (ms).
+        self.queues: list[tuple[int, list[tuple[str, int, int]]]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -115,19 +117,20 @@ class _Sampler:
     def _sample(self) -> None:
         with psycopg.connect(self._url, autocommit=True) as conn:
             while not self._stop.wait(0.02):
+                at = int(time.time() * 1000)
                 held = conn.execute(
                     "SELECT run_id, since FROM flow_places WHERE topic_prefix = %s",
                     (self._prefix,),
                 ).fetchall()
                 self.places.append(len(held))
                 for run_id, since in held:
-                    self.given.setdefault(run_id, int(since.timestamp() * 1000))
+                    self.given[run_id].add(int(since.timestamp() * 1000))
                 queue = conn.execute(
                     "SELECT run_id, priority, seq FROM flow_queue "
                     "WHERE topic_prefix = %s",
                     (self._prefix,),
                 ).fetchall()
-                self.queues.append([(r, int(p), int(s)) for r, p, s in queue])
+                self.queues.append((at, [(r, int(p), int(s)) for r, p, s in queue]))
 
     def stop(self) -> None:
         self._stop.set()
@@ -209,15 +212,24 @@ class _Spans:
 
 
 def _order_violations(
-    queues: list[list[tuple[str, int, int]]], admitted: dict[str, int]
+    queues: list[tuple[int, list[tuple[str, int, int]]]], given: dict[str, set[int]]
 ) -> int:
-    """Pairs seen queued together that were let in against the queue's order."""
+    """Pairs seen queued together whose places were then given against the queue's
+    order: for each, the first place it was given after the sample that saw it
+    queued (a run that ends an activation waiting for something else gives its
+    place back and queues again later, behind who is there then)."""
+
+    def after(run: str, at: int) -> int | None:
+        return min(
+            (g for g in given.get(run, ()) if g >= at - ORDER_SLACK_MS), default=None
+        )
+
     bad: set[tuple[str, str]] = set()
-    for queue in queues:
+    for at, queue in queues:
         ordered = sorted(queue, key=lambda q: (-q[1], q[2]))
         for i, (first, _, _) in enumerate(ordered):
             for later, _, _ in ordered[i + 1 : i + 40]:
-                a, b = admitted.get(first), admitted.get(later)
+                a, b = after(first, at), after(later, at)
                 if a is not None and b is not None and b + ORDER_SLACK_MS < a:
                     bad.add((first, later))
     return len(bad)

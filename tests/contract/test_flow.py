@@ -88,6 +88,27 @@ def test_a_requeued_run_keeps_its_place(ports: Ports) -> None:
     assert [(q.run_id, q.since_seq) for q in woken] == [("a", 7)]
 
 
+def test_a_run_given_a_place_before_its_queue_row_is_not_queued_again(
+    ports: Ports,
+) -> None:
+    """A run whose ``take`` failed is given a place by an admission (which found
+    its earlier row) before it writes its queue row again: the row would queue
+    it twice, and an admission would spend a place's turn on it."""
+    flow, agent = _flow(ports)
+    limits = Limits(max_active=1)
+    assert flow.take(agent, "busy", None, 0, limits)
+    flow.enqueue(agent, "a", None, 0, since_seq=3)
+    flow.enqueue(agent, "b", None, 0, since_seq=3)
+    assert not flow.take(agent, "a", None, 0, limits)  # woken, no place yet
+    flow.release("busy")
+    assert _woken(flow, agent, limits) == ["a"]  # a place for "a", its row gone
+    flow.enqueue(agent, "a", None, 0, since_seq=5)  # its pause, written after
+    assert flow.counts(agent) == (1, 1)  # "a" holds a place; only "b" waits
+    assert flow.take(agent, "a", None, 0, limits)
+    flow.release("a")
+    assert _woken(flow, agent, limits) == ["b"]
+
+
 def test_a_tenant_at_its_limit_is_passed_over_and_keeps_its_place(
     ports: Ports,
 ) -> None:
