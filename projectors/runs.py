@@ -281,8 +281,11 @@ class Projector:
             return
         self._tails_deleted = 0
         self._tails_vacuumed = time.monotonic()
-        with self.db.statement() as conn:
-            conn.execute("VACUUM run_tails")
+        try:
+            with self.db.statement() as conn:
+                conn.execute("VACUUM run_tails")
+        except psycopg.Error as e:  # housekeeping: the next batch tries again
+            log.warning("VACUUM run_tails: %s", e)
 
     def _report(self, batch: Batch, now: datetime) -> None:
         """Metrics of a committed batch."""

@@ -153,6 +153,8 @@ def load_projected(
             f"run {run_id}: no snapshot of reducer version {reducer_version()} "
             f"before seq {tail[0][0]}"
         )
+    if any(seq != first + n for n, (seq, _, _) in enumerate(tail)):
+        raise ProjectionIncomplete(f"run {run_id}: its tail has gaps")
     events = [(raw, mac) for _, raw, mac in tail]
     state, head = fold_verified(
         events, decode, run_id, restore, auth, state=state, head=head
