@@ -13,6 +13,7 @@ row and is not read.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Mapping
 
 from es_agents.archive import Written
@@ -21,48 +22,38 @@ from es_agents.core.events import Event
 from es_agents.errors import DecodeError, ProjectionIncomplete
 from es_agents.ports import EventLog, Positions, Record
 
+log = logging.getLogger(__name__)
+
 
 def read_runs(
-    log: EventLog, topic: str, where: Mapping[str, Positions]
+    log_: EventLog, topic: str, where: Mapping[str, Positions]
 ) -> dict[str, list[Event]]:
     """Several runs' events as they count, in order: their projected events
     (``where``: each run's ``Projections.positions``) and, beyond the projector,
     the events the log holds for them, claim-checked payloads left claimed. Two
     reads per partition, whatever the number of runs: one over the stretch their
     projected events span, one from the projector's offset (with its epoch floors
-    there) to the end."""
+    there) to the end. A run whose projected events are not all in this log (a
+    run of another topic prefix sharing the database, or a log that lost them) is
+    left out of the answer, and logged."""
     found: dict[str, dict[int, Event]] = {run_id: {} for run_id in where}
     by_partition: dict[int, dict[str, Positions]] = {}
     for run_id, positions in where.items():
-        by_partition.setdefault(log.partition_for(run_id), {})[run_id] = positions
+        by_partition.setdefault(log_.partition_for(run_id), {})[run_id] = positions
     for partition, runs in by_partition.items():
-        wanted = {
-            offset: (run_id, seq)
-            for run_id, positions in runs.items()
-            for offset, seq in positions.offsets.items()
-        }
-        if wanted:
-            got = 0
-            for record in _stretch(log, topic, partition, min(wanted), max(wanted)):
-                run_seq = wanted.get(record.offset)
-                if run_seq is not None and record.key == run_seq[0]:
-                    found[run_seq[0]][run_seq[1]] = log.decode_event(record.value)
-                    got += 1
-            if got != len(wanted):
-                raise ProjectionIncomplete(
-                    f"{len(wanted) - got} projected events are not in the log at "
-                    f"{topic}[{partition}]"
-                )
+        _read_projected(log_, topic, partition, runs, found)
+        if not runs:
+            continue
         # Beyond the projector: from the earliest offset any of them was read at,
         # with the floors there (a later event read twice counts once, by seq).
         first = min(runs.values(), key=lambda p: p.projected_until)
-        records = log.read_partition(
+        records = log_.read_partition(
             topic, partition, first.projected_until, floors=first.floors
         )
         for record in records:
             if record.key in runs:
                 try:
-                    event = log.decode_event(record.value)
+                    event = log_.decode_event(record.value)
                 except DecodeError:
                     continue  # reported where the log is read for acting
                 found[record.key].setdefault(event.seq, event)
@@ -71,12 +62,44 @@ def read_runs(
     }
 
 
+def _read_projected(
+    log_: EventLog,
+    topic: str,
+    partition: int,
+    runs: dict[str, Positions],
+    found: dict[str, dict[int, Event]],
+) -> None:
+    """Into ``found``, the projected events of ``runs`` (all on ``partition``),
+    read in one pass; a run not all there is dropped from ``runs`` and ``found``."""
+    wanted: dict[int, dict[str, int]] = {}  # offset -> run -> seq
+    for run_id, positions in runs.items():
+        for offset, seq in positions.offsets.items():
+            wanted.setdefault(offset, {})[run_id] = seq
+    if not wanted:
+        return
+    for record in _stretch(log_, topic, partition, min(wanted), max(wanted)):
+        at = wanted.get(record.offset, {}).get(record.key or "")
+        if at is not None and record.key is not None:
+            found[record.key][at] = log_.decode_event(record.value)
+    for run_id, positions in list(runs.items()):
+        if len(found[run_id]) != len(positions.offsets):
+            log.warning(
+                "run %s: %d of its %d projected events are not in %s[%d]",
+                run_id,
+                len(positions.offsets) - len(found[run_id]),
+                len(positions.offsets),
+                topic,
+                partition,
+            )
+            del found[run_id], runs[run_id]
+
+
 def _stretch(
-    log: EventLog, topic: str, partition: int, start: int, last: int
+    log_: EventLog, topic: str, partition: int, start: int, last: int
 ) -> Iterator[Record]:
     """The partition's records from ``start`` to ``last``, the reader released
     as soon as ``last`` is read."""
-    records = log.read_partition(topic, partition, start)
+    records = log_.read_partition(topic, partition, start)
     try:
         for record in records:
             yield record
@@ -89,16 +112,16 @@ def _stretch(
 
 
 def read_projected(
-    log: EventLog, topic: str, run_id: str, where: Mapping[int, int]
+    log_: EventLog, topic: str, run_id: str, where: Mapping[int, int]
 ) -> list[Written]:
     """The run's projected events, in order, from the log: ``where`` maps each
     one's offset to its seq (``Projections.positions``). ``ProjectionIncomplete``
     when the log lacks one of them."""
     if not where:
         return []
-    partition = log.partition_for(run_id)
+    partition = log_.partition_for(run_id)
     found: list[Written] = []
-    for record in _stretch(log, topic, partition, min(where), max(where)):
+    for record in _stretch(log_, topic, partition, min(where), max(where)):
         seq = where.get(record.offset)
         if seq is not None and record.key == run_id:
             found.append(
