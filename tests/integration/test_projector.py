@@ -25,6 +25,7 @@ from es_agents.app import build_projector
 from es_agents.codec import AvroCodec
 from es_agents.core import replay
 from es_agents.core.events import Event, StatePatched
+from es_agents.core.state import RunState
 from es_agents.core.step import CallModel, request_hash
 from es_agents.core.transcript import CHUNK, Conversation, Message
 from es_agents.dev import DevStack
@@ -278,6 +279,20 @@ def _projected(
     return log, db, projections
 
 
+def _patches(state: RunState, key: str, n: int) -> list[Event]:
+    """``n`` state patches that follow the run's last event."""
+    return [
+        StatePatched(
+            run_id=state.run_id,
+            seq=state.seq + 1 + i,
+            step=state.step,
+            key=key,
+            value_json=json.dumps(i),
+        )
+        for i in range(n)
+    ]
+
+
 def test_resume_reads_a_snapshot_and_at_most_k_events(
     kafka_settings: KafkaSettings, fresh_db: str
 ) -> None:
@@ -315,16 +330,7 @@ def test_resume_reads_a_snapshot_and_at_most_k_events(
         # Events the projector has not seen come from the log, still exactly.
         state = loaded.state
         assert state is not None
-        more: list[Event] = [
-            StatePatched(
-                run_id=run_id,
-                seq=state.seq + 1 + i,
-                step=state.step,
-                key="late",
-                value_json=json.dumps(i),
-            )
-            for i in range(3)
-        ]
+        more = _patches(state, "late", 3)
         if state.terminal:
             return
         log.append(more)
@@ -386,17 +392,7 @@ def test_the_projection_keeps_the_bytes_of_the_tail_only(
                 "'{versions,from_other_code}', '1') WHERE run_id = %s",
                 (run_id,),
             )
-        state = replay(events)
-        more: list[Event] = [
-            StatePatched(
-                run_id=run_id,
-                seq=state.seq + 1 + i,
-                step=state.step,
-                key="later",
-                value_json=json.dumps(i),
-            )
-            for i in range(3)
-        ]
+        more = _patches(replay(events), "later", 3)
         log.append(more)
         _project(settings)  # a new projector: nothing cached, no usable snapshot
         row = projections.run_row(run_id)
