@@ -207,7 +207,14 @@ def _kafka_ports(
 
     def writer(group: str, partition: int, take_epoch: Callable[[], int]) -> Any:
         if settings.fencing == "epochs":
-            return EpochWriter(log, group, partition, take_epoch)
+            projections = side["projections"]
+            return EpochWriter(
+                log,
+                group,
+                partition,
+                take_epoch,
+                epoch_now=lambda: projections.current_epoch(group, partition),
+            )
         if settings.fencing == "transactions":
             return PartitionWriter(kafka, log.codec, group, partition, take_epoch())
         return LogWriter(log, take_epoch())
@@ -372,7 +379,7 @@ def _memory_ports(settings: Settings, restore: Any) -> Ports:
         subscribe=subscribe,
         writer=writer,
         ensure_topics=ensure_topics,
-        projections=MemoryProjections(broker.next_epoch),
+        projections=MemoryProjections(broker.next_epoch, broker.current_epoch),
         ledger=shared["ledger"],
         timers=shared["timers"],
         schedules=shared["schedules"],

@@ -592,6 +592,12 @@ class Projections(Protocol):
         """Take the partition's next epoch: the fencing token of its new owner."""
         ...
 
+    def current_epoch(self, group: str, partition: int) -> int | None:
+        """The partition's epoch taken last (None: none yet). A writer whose epoch
+        it still is, read after its append was acknowledged, knows no higher claim
+        precedes that append."""
+        ...
+
     def dead_letters(self, run_id: str) -> list[tuple[str, int, int, str]]: ...
 
     def positions(self, run_id: str, partition: int) -> Positions:

@@ -518,3 +518,22 @@ triage = ToolAgent(
     input_model=TicketIn,
     output_model=TriageOut,
 )
+
+
+# -- stuck: a tool call that outlasts any wait, for a worker that must leave at once --
+@tool(NoArgs, timeout=600)
+def linger(args: NoArgs, ctx: ToolContext) -> JsonValue:
+    """Says it started (``ES_AGENTS_TEST_MARKER``), then takes ten minutes."""
+    import time  # noqa: PLC0415
+
+    Path(os.environ["ES_AGENTS_TEST_MARKER"]).write_text(ctx.idempotency_key)
+    time.sleep(600)
+    return {"late": True}
+
+
+stuck = ToolAgent(
+    name="stuck",
+    system_prompt="Call linger.",
+    model=ScriptedModel([call("linger", "c1"), reply("done")], model_id="scripted"),
+    tool_list=[linger],
+)

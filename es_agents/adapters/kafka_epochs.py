@@ -6,14 +6,21 @@ claim and reads to it: a claim of a higher epoch before its own means another wo
 took the partition after it did (it never acts). Every append then carries the epoch
 in a header and goes out through the process's idempotent producer, so appends of
 all runs and partitions share librdkafka's batches. An append returns once the broker
-acknowledged it *and* the partition's tail reader has read past it without meeting a
-higher claim: an acknowledged append is one that every reader counts
-(``es_agents.core.epochs``). A worker paused past its session timeout wakes, appends,
-and finds the heir's claim before its records: ``FencedError`` on the first append.
+acknowledged it *and* it is known that no higher claim precedes it: an acknowledged
+append is one that every reader counts (``es_agents.core.epochs``). Two ways tell:
 
-The cost over an unfenced append is the tail read, which runs alongside the
-acknowledgement (the broker answers the parked fetch as the records land): no
-transaction, no extra round trip to a coordinator.
+- the partition's tail reader read past it without meeting a higher claim (the usual
+  way: the broker answers the parked fetch as the records land, alongside the
+  acknowledgement -- no transaction, no extra round trip);
+- or, when the tail is slow to get there (its fetch session still on a broker that
+  died, a leader that moved), the epoch store still names this writer's epoch *after*
+  the acknowledgement: a claim is appended only after its epoch was taken there, so
+  no higher claim can lie below an offset acknowledged before that read. The tail
+  catches up on its own and still fences every later append.
+
+A worker paused past its session timeout wakes, appends, and finds the heir's claim
+before its records (and the heir's epoch in the store): ``FencedError`` on the first
+append.
 """
 
 from __future__ import annotations
@@ -42,13 +49,22 @@ _CONFIRM_TIMEOUT = 30.0
 # (a partition whose leader died is fetched from its new leader at once).
 _KICK_AFTER = 3.0
 _RENEW_AFTER_KICKS = 2  # kicks without progress before the tail's consumer is new
+# An append acknowledged this long ago and not yet read back is confirmed by the epoch
+# store instead (when the writer has one): a leader change costs the cluster's own
+# failover, not the tail consumer's.
+_ASK_AFTER = 0.25
+
+# An append waiting to be counted: offset, whom to tell, deadline, and since when
+# (its acknowledgement).
+_Waiter = tuple[int, Callable[[Exception | None], None], float, float]
 
 
 @final
 class PartitionTail:
     """Reads one events partition from a given offset, for one thing: how far it has
     read, and the first claim of ``group`` with an epoch above ``epoch`` (where the
-    writer was fenced)."""
+    writer was fenced). With ``epoch_now`` (the partition's epoch in the epoch
+    store), appends it is slow to read back are confirmed by the store."""
 
     def __init__(
         self,
@@ -59,8 +75,10 @@ class PartitionTail:
         epoch: int,
         *,
         auth: Authenticator | None = None,
+        epoch_now: Callable[[], int | None] | None = None,
     ) -> None:
         self.topic = settings.events_topic
+        self._epoch_now = epoch_now
         self.auth = auth
         self.group = group
         self.partition = partition
@@ -89,8 +107,11 @@ class PartitionTail:
         self._kick = False  # a reader waits and nothing comes: fetch afresh
         self._kicks = 0  # kicks in a row without progress
         # Appends waiting to be read past, told by callback (``when_past``).
-        self._waiters: list[tuple[int, Callable[[Exception | None], None], float]] = []
+        # (offset, done, deadline, since): since is when the append was acknowledged.
+        self._waiters: list[_Waiter] = []
         self._moved_at = time.monotonic()  # when the position last advanced
+        self.counted = -1  # every offset up to it is confirmed by the epoch store
+        self._asking = False  # an epoch-store check is under way
         self._thread = threading.Thread(
             target=self._run, daemon=True, name=f"es-tail-p{partition}"
         )
@@ -172,16 +193,21 @@ class PartitionTail:
         )
         return False
 
-    def when_past(self, offset: int, done: Callable[[Exception | None], None]) -> None:
+    def when_past(
+        self,
+        offset: int,
+        done: Callable[[Exception | None], None],
+        timeout: float = _CONFIRM_TIMEOUT,
+    ) -> None:
         """``read_past`` without blocking: ``done(None)`` once every record up to
-        ``offset`` was read and none of them is a higher claim, else
-        ``done(FencedError | AppendError)`` -- at once on this thread when it is
-        known now, later on the tail's thread."""
+        ``offset`` was read (or the epoch store confirmed it) and none of them is a
+        higher claim, else ``done(FencedError | AppendError)`` -- at once on this
+        thread when it is known now, later on the tail's thread."""
         with self._cond:
             verdict = self._verdict(offset)
             if verdict is _PENDING:
-                deadline = time.monotonic() + _CONFIRM_TIMEOUT
-                self._waiters.append((offset, done, deadline))
+                now = time.monotonic()
+                self._waiters.append((offset, done, now + timeout, now))
                 return
         done(verdict)  # type: ignore[arg-type]
 
@@ -189,7 +215,9 @@ class PartitionTail:
         """What ``read_past(offset)`` would end with now, or ``_PENDING``."""
         if self.fenced_at is not None and self.fenced_at <= offset:
             return self._fenced()
-        if self.position > offset or self.fenced_at is not None:
+        if self.position > offset or offset <= self.counted:
+            return None
+        if self.fenced_at is not None:
             return None
         if self._error is not None:
             return AppendError(
@@ -230,62 +258,92 @@ class PartitionTail:
             done(verdict)  # type: ignore[arg-type]
 
     def _check_waiters(self) -> None:
-        """Nothing read: kick a stalled fetch, and fail appends past their
-        deadline (as ``read_past`` does for a blocked caller)."""
-        if not self._waiters:
+        """Nothing read: kick a stalled fetch, ask the epoch store about appends
+        waiting since ``_ASK_AFTER``, and fail appends past their deadline. A
+        tail behind what the store confirmed is kicked too: it must read on to see
+        a later claim."""
+        behind = self.counted >= self.position
+        if not self._waiters and not behind:
             return
         now = time.monotonic()
         if now - self._moved_at > _KICK_AFTER:
             self._kick = True
             self._moved_at = now
-        late: list[tuple[int, Callable[[Exception | None], None], float]] = []
+        if not self._waiters:
+            return
         with self._cond:
             late = [w for w in self._waiters if w[2] <= now]
             self._waiters = [w for w in self._waiters if w[2] > now]
-        for offset, done, _ in late:
+            slow = [w for w in self._waiters if w[0] > self.counted]
+            asked = max((w[0] for w in slow), default=-1)
+            ask = (
+                self._epoch_now is not None
+                and not self._asking
+                and self.fenced_at is None
+                and any(now - w[3] > _ASK_AFTER for w in slow)
+            )
+            if ask:
+                self._asking = True
+        if ask and self._epoch_now is not None:
+            threading.Thread(
+                target=self._ask,
+                args=(self._epoch_now, asked),
+                daemon=True,
+                name="es-tail-epoch",
+            ).start()
+        for offset, done, deadline, since in late:
             done(
                 AppendError(
                     f"{self.topic}[{self.partition}]: offset {offset} not read "
-                    f"back within {_CONFIRM_TIMEOUT:.0f}s (read up to {self.position})"
+                    f"back within {deadline - since:.0f}s (read up to "
+                    f"{self.position})"
                 )
             )
 
-    def read_past(self, offset: int, timeout: float = _CONFIRM_TIMEOUT) -> None:
-        """Return once every record up to ``offset`` was read and none of them is a
-        higher claim; raise ``FencedError`` if one is."""
-        deadline = time.monotonic() + timeout
-        kick_at = time.monotonic() + _KICK_AFTER
+    def _ask(self, epoch_now: Callable[[], int | None], offset: int) -> None:
+        """Confirm every append up to ``offset`` (all acknowledged before this
+        call) by the epoch store: still this writer's epoch means no higher claim
+        was appended yet, so none lies below them."""
+        try:
+            epoch = epoch_now()
+        except Exception as e:  # the store is out of reach: the tail decides
+            log.debug("%s[%d]: epoch check failed: %s", self.topic, self.partition, e)
+            epoch = None
         with self._cond:
-            while self.position <= offset and self._error is None:
-                if self.fenced_at is not None:
-                    break  # fenced before this append: no need to read further
-                if self._closed:  # the partition was revoked meanwhile
-                    raise FencedError(
-                        f"{self.topic}[{self.partition}]: the writer was closed "
-                        f"(the partition was revoked) before offset {offset} was "
-                        "read back"
-                    )
-                now = time.monotonic()
-                left = deadline - now
-                if left <= 0:
-                    raise AppendError(
-                        f"{self.topic}[{self.partition}]: offset {offset} not read "
-                        f"back within {timeout:.0f}s (read up to {self.position})"
-                    )
-                if now >= kick_at:
-                    self._kick = True
-                    kick_at = now + _KICK_AFTER
-                self._cond.wait(min(left, _KICK_AFTER))
-            if self.fenced_at is not None and self.fenced_at <= offset:
-                raise FencedError(
-                    f"{self.topic}[{self.partition}]: fenced: epoch {self.fenced_by} "
-                    f"claimed the partition at offset {self.fenced_at} "
-                    f"(this writer holds epoch {self.epoch})"
-                )
-            if self._error is not None:
-                raise AppendError(
-                    f"{self.topic}[{self.partition}]: tail read failed: {self._error}"
-                )
+            self._asking = False
+            if epoch == self.epoch and offset > self.counted:
+                self.counted = offset
+                self._cond.notify_all()
+        if epoch is not None and epoch != self.epoch:
+            log.info(
+                "%s[%d]: epoch %d taken since this writer's %d: the tail decides",
+                self.topic,
+                self.partition,
+                epoch,
+                self.epoch,
+            )
+        self._answer_waiters()
+
+    def read_past(self, offset: int, timeout: float = _CONFIRM_TIMEOUT) -> None:
+        """Return once every record up to ``offset`` was read (or confirmed by the
+        epoch store) and none of them is a higher claim; raise ``FencedError`` if
+        one is, ``AppendError`` when neither is known within ``timeout``."""
+        answered = threading.Event()
+        outcome: list[Exception | None] = []
+
+        def done(error: Exception | None) -> None:
+            outcome.append(error)
+            answered.set()
+
+        self.when_past(offset, done, timeout)
+        answered.wait(timeout + 5)
+        if not outcome:
+            raise AppendError(
+                f"{self.topic}[{self.partition}]: offset {offset} not read "
+                f"back within {timeout:.0f}s (read up to {self.position})"
+            )
+        if outcome[0] is not None:
+            raise outcome[0]
 
     def close(self) -> None:
         with self._cond:
@@ -313,6 +371,7 @@ class EpochWriter:
         group: str,
         partition: int,
         take_epoch: Callable[[], int],
+        epoch_now: Callable[[], int | None] | None = None,
     ) -> None:
         settings = log_.settings
         self.topic = settings.events_topic
@@ -329,7 +388,13 @@ class EpochWriter:
         )
         auth = log_.auth
         self._tail = PartitionTail(
-            settings, group, partition, start, self.epoch, auth=auth
+            settings,
+            group,
+            partition,
+            start,
+            self.epoch,
+            auth=auth,
+            epoch_now=epoch_now,
         )
         claim_record = claim_headers(group, self.epoch)
         if auth is not None:

@@ -340,8 +340,13 @@ class MemoryCommandBook:
 class MemoryProjections:
     """No projection: every resume folds the run's log (still correct, not O(K))."""
 
-    def __init__(self, next_epoch: Callable[[str, int], int]) -> None:
+    def __init__(
+        self,
+        next_epoch: Callable[[str, int], int],
+        current_epoch: Callable[[str, int], int | None] = lambda g, p: None,
+    ) -> None:
         self._next_epoch = next_epoch
+        self._current_epoch = current_epoch
 
     def projected_until(self, partition: int) -> int:
         return 0
@@ -356,6 +361,9 @@ class MemoryProjections:
 
     def next_epoch(self, group: str, partition: int) -> int:
         return self._next_epoch(group, partition)
+
+    def current_epoch(self, group: str, partition: int) -> int | None:
+        return self._current_epoch(group, partition)
 
     def dead_letters(self, run_id: str) -> list[tuple[str, int, int, str]]:
         return []

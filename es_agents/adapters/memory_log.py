@@ -97,6 +97,10 @@ class MemoryBroker:
             self.epochs[(group, partition)] = epoch
             return epoch
 
+    def current_epoch(self, group: str, partition: int) -> int | None:
+        with self.lock:
+            return self.epochs.get((group, partition))
+
 
 @final
 class MemoryEventLog(CodedLog):

@@ -386,6 +386,15 @@ class PostgresProjections:
             raise ConfigError(f"no epoch for partition {partition} of {group}")
         return int(row[0])
 
+    def current_epoch(self, group: str, partition: int) -> int | None:
+        with self._db.statement() as conn:
+            row = conn.execute(
+                "SELECT epoch FROM partition_epochs "
+                "WHERE group_id = %s AND partition = %s",
+                (group, partition),
+            ).fetchone()
+        return None if row is None else int(row[0])
+
     def dead_letters(self, run_id: str) -> list[tuple[str, int, int, str]]:
         with self._db.transaction() as conn:
             rows = conn.execute(

@@ -64,6 +64,10 @@ HEARTBEAT_SECONDS = 5.0
 SCHEDULE_SECONDS = 0.5  # how often due schedules are looked for
 ADMIT_SECONDS = 0.5  # how often queued runs are let in, when no place was freed here
 STOP_SECONDS = 60.0  # at close, how long runs may take to reach a step's end
+# A crash-only exit (the log or the database out of reach) does not wait for runs:
+# its partitions go to their next owner, which recovers what was in flight. Closing
+# the clients gets this long; the process leaves after it whatever hangs.
+CRASH_CLOSE_SECONDS = 5.0
 
 
 class Worker:
@@ -138,40 +142,50 @@ class Worker:
 
     # -- the main loop -----------------------------------------------------------
     def run(self) -> None:
+        """Serve until stopped (runs end their step first) or idle; on a failure
+        of the log or the database, leave at once (crash-only) and raise it."""
+        try:
+            self._serve()
+        except Exception:
+            self._crash()
+            raise
+        except BaseException:  # Ctrl-C: as a stop
+            self.close()
+            raise
+        self.close()
+
+    def _serve(self) -> None:
         last_message = time.monotonic()
         last_heartbeat = 0.0
-        try:
-            while not self._stop.is_set():
-                if time.monotonic() - last_heartbeat > HEARTBEAT_SECONDS:
-                    self._heartbeat()
-                    last_heartbeat = time.monotonic()
-                received = self.source.poll(timeout=0.05)
-                for partition, offset in self.source.drain_skipped():
-                    self.tracker.begin(partition, offset)
-                    self.tracker.done(partition, offset)
-                for item in received:
-                    last_message = time.monotonic()
-                    self.tracker.begin(item.partition, item.offset)
-                    self._route(item.message, item.partition, item.offset)
-                self._start_recoveries()
-                now = time.monotonic()
-                if self._tend(now):
-                    # Their commands are to be read before this worker can call
-                    # itself idle (the source's end is as of its last poll).
-                    last_message = now
-                self._commit()
-                if self._fatal is not None:
-                    raise self._fatal
-                if (
-                    self.until_idle
-                    and now - last_message > self.idle_seconds
-                    and self._idle()
-                    and self.source.caught_up()
-                ):
-                    log.info("worker idle: exiting")
-                    return
-        finally:
-            self.close()
+        while not self._stop.is_set():
+            if time.monotonic() - last_heartbeat > HEARTBEAT_SECONDS:
+                self._heartbeat()
+                last_heartbeat = time.monotonic()
+            received = self.source.poll(timeout=0.05)
+            for partition, offset in self.source.drain_skipped():
+                self.tracker.begin(partition, offset)
+                self.tracker.done(partition, offset)
+            for item in received:
+                last_message = time.monotonic()
+                self.tracker.begin(item.partition, item.offset)
+                self._route(item.message, item.partition, item.offset)
+            self._start_recoveries()
+            now = time.monotonic()
+            if self._tend(now):
+                # Their commands are to be read before this worker can call
+                # itself idle (the source's end is as of its last poll).
+                last_message = now
+            self._commit()
+            if self._fatal is not None:
+                raise self._fatal
+            if (
+                self.until_idle
+                and now - last_message > self.idle_seconds
+                and self._idle()
+                and self.source.caught_up()
+            ):
+                log.info("worker idle: exiting")
+                return
 
     def _tend(self, now: float) -> bool:
         """Fire due timers and schedules, let queued runs in; whether any command
@@ -254,6 +268,35 @@ class Worker:
             self.ownership.close()
             self.ctx.io.close()
             self.ports.close()
+
+    def _crash(self) -> None:
+        """Leave at once: runs are cancelled where they are (a crash, as far as
+        the log can tell: the partitions' next owner recovers them), nothing is
+        committed, and the clients get ``CRASH_CLOSE_SECONDS`` to close."""
+        self._stop.set()
+        log.warning("leaving at once (crash-only): runs are left to the next owner")
+        for task in list(self._tasks):
+            self._loop.call_soon_threadsafe(task.cancel)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+        def close_clients() -> None:
+            for close in (
+                self.retention.close,
+                self.ownership.close,
+                self.source.close,
+                self.ctx.io.close,
+                self.ports.close,
+            ):
+                try:
+                    close()
+                except Exception as e:  # going down anyway
+                    log.debug("closing after a crash: %s", e)
+
+        closing = threading.Thread(target=close_clients, daemon=True, name="es-crash")
+        closing.start()
+        closing.join(CRASH_CLOSE_SECONDS)
+        if closing.is_alive():
+            log.warning("clients not closed in %.0f s: leaving", CRASH_CLOSE_SECONDS)
 
     async def _wind_down(self) -> None:
         tasks = set(self._tasks)

@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -26,6 +27,7 @@ from es_agents.dev import DevStack
 from es_agents.errors import FencedError
 from es_agents.runtime.loader import RunLoader
 from es_agents.settings import KafkaSettings, Settings
+from tests.integration.test_commands import until
 
 pytestmark = pytest.mark.integration
 
@@ -287,5 +289,79 @@ def test_an_append_waiting_on_its_read_back_is_fenced_when_the_writer_closes(
         assert len(outcome) == 1
         assert isinstance(outcome[0], FencedError), outcome
         assert "revoked" in str(outcome[0])
+    finally:
+        log.close()
+
+
+class _Blind:
+    """A tail consumer whose fetches bring nothing (as when its fetch session sits
+    on a broker that died), until the tail's stall renews it."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.used = threading.Event()
+
+    def consume(self, num_messages: int, timeout: float) -> list[Any]:
+        self.used.set()
+        time.sleep(timeout)
+        return []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def _blind(writer: EpochWriter) -> None:
+    blind = _Blind(writer._tail._consumer)
+    writer._tail._consumer = blind  # type: ignore[assignment]
+    assert blind.used.wait(10), "the tail never fetched again"
+
+
+def test_an_append_the_tail_is_slow_to_read_is_confirmed_by_the_epoch_store(
+    kafka_settings: KafkaSettings,
+) -> None:
+    """The tail cannot read, the epoch store still names the writer's epoch: the
+    append is counted without waiting for the tail (which later reads past it)."""
+    log = KafkaEventLog(kafka_settings)
+    group = f"{kafka_settings.topic_prefix}.workers.store"
+    asked: list[float] = []
+
+    def epoch_now() -> int:
+        asked.append(time.monotonic())
+        return 1
+
+    try:
+        writer = EpochWriter(log, group, 0, lambda: 1, epoch_now=epoch_now)
+        _blind(writer)
+        began = time.monotonic()
+        writer.append([Sealed(_patch("store-run", 0, "a"), b"v")])
+        took = time.monotonic() - began
+        offset = writer.committed_end - 1
+        assert asked, "the epoch store was never asked"
+        assert writer._tail.position <= offset, "the tail read it: nothing shown"
+        assert took < 2.5, took  # the tail's first kick comes after 3 s
+        until(lambda: writer._tail.position > offset, 30, "the tail renewed")
+        writer.close()
+    finally:
+        log.close()
+
+
+def test_a_zombie_is_fenced_though_its_tail_is_slow(
+    kafka_settings: KafkaSettings,
+) -> None:
+    """The epoch store names the heir's epoch: the zombie's append is not counted
+    on the store's word; its tail, once reading again, finds the heir's claim."""
+    log = KafkaEventLog(kafka_settings)
+    group = f"{kafka_settings.topic_prefix}.workers.zombie"
+    epochs = {"now": 1}
+    try:
+        zombie = EpochWriter(log, group, 0, lambda: 1, epoch_now=lambda: epochs["now"])
+        _blind(zombie)
+        epochs["now"] = 2
+        heir = EpochWriter(log, group, 0, lambda: 2, epoch_now=lambda: epochs["now"])
+        with pytest.raises(FencedError, match="epoch 2 claimed"):
+            zombie.append([Sealed(_patch("zombie-run", 0, "z"), b"v")])
+        heir.append([Sealed(_patch("zombie-run", 0, "h"), b"v")])
+        zombie.close()
+        heir.close()
     finally:
         log.close()

@@ -1,0 +1,99 @@
+"""Crash-only exits: a worker whose database goes away leaves at once -- it does
+not wait for a run stuck in a tool call to reach its step's end -- and says why
+with the exit code of an outage. The partitions' next owner recovers the run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from es_agents.adapters.postgres import Database
+from es_agents.client import Client
+from es_agents.dev import DevStack
+from es_agents.lab.demo import _env
+from es_agents.settings import KafkaSettings, Settings
+from tests.integration.test_commands import until
+from tests.test_support import ROOT
+
+pytestmark = pytest.mark.integration
+
+EXIT_UNAVAILABLE = 4
+
+
+@pytest.fixture
+def own_db(dev_stack: DevStack) -> Iterator[str]:
+    """A database of this test alone: its connections are cut."""
+    name = f"es_crash_{uuid.uuid4().hex[:10]}"
+    dev_stack.postgres.create_database(name)
+    url = dev_stack.dev.database_url.rsplit("/", 1)[0] + f"/{name}"
+    db = Database(url, max_size=1)
+    try:
+        db.migrate()
+    finally:
+        db.close()
+    yield url
+    dev_stack.postgres.drop_database(name)
+
+
+def test_a_worker_that_loses_its_database_leaves_at_once(
+    env: dict[str, str],
+    kafka_settings: KafkaSettings,
+    own_db: str,
+    tmp_path: Path,
+) -> None:
+    database_url = own_db
+    marker = tmp_path / "tool-started"
+    log = tmp_path / "worker.log"
+    with Client(Settings(kafka=kafka_settings, database_url=database_url)) as client:
+        client.start("stuck", "{}", wait=0)
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "es_agents.cli",
+            "worker",
+            "--agent",
+            "tests.agents:stuck",
+        ],
+        cwd=ROOT,
+        env=_env(
+            **{
+                **env,
+                "ES_AGENTS_DATABASE_URL": database_url,
+                "ES_AGENTS_TEST_MARKER": str(marker),
+            }
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+    )
+    try:
+        until(
+            marker.exists, 120, lambda: f"the tool started: {log.read_text()[-2000:]}"
+        )
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            ended = conn.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()
+        assert ended is not None
+        assert ended[0] > 0  # the worker's connections
+        cut = time.monotonic()
+        code = worker.wait(60)
+        took = time.monotonic() - cut
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait(30)
+    said = log.read_text(errors="replace")
+    assert code == EXIT_UNAVAILABLE, said[-3000:]
+    assert "unavailable: postgres" in said, said[-3000:]
+    # The stuck call would hold a stopping worker up to a minute (runs end their
+    # step on a stop); a crash-only exit leaves within its clients' close bound.
+    assert took < 20, f"left {took:.1f} s after its database went away"
