@@ -34,6 +34,10 @@ T = TypeVar("T")
 
 
 COMMIT_RETRY_SECONDS = 30.0  # a coordinator moving after a broker's loss
+# A static member fenced out of its group (librdkafka's fatal consumer error) joins
+# again with a new consumer -- once: fenced again within this long, it is another
+# process with the same instance id, and this one leaves (crash-only).
+RENEW_WINDOW_SECONDS = 60.0
 _COORDINATOR_MOVING = frozenset(
     {
         KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
@@ -81,21 +85,60 @@ class KafkaSource(Generic[T]):
         self._cooperative = "cooperative" in str(
             conf.get("partition.assignment.strategy", "")
         )
-        self._consumer = Consumer(_client(conf))
+        self._conf = _client(conf)
+        self._consumer = Consumer(self._conf)
+        self._owned: set[int] = set()  # partitions assigned to the current consumer
+        self._renewed_at: float | None = None
+        self._fatal: KafkaError | None = None  # seen; the next poll renews
         self._at_end: set[int] = set()
         self._commit_failing_since: float | None = None
         self._skipped: list[tuple[int, int]] = []
         self._on_assign = on_assign
         self._on_revoke = on_revoke
+        self._subscribe()
+        self.dead_lettered = 0
+
+    def _subscribe(self) -> None:
         self._consumer.subscribe(
-            [topic],
+            [self.topic],
             on_assign=self._assigned,
             on_revoke=self._revoked,
             on_lost=self._revoked,
         )
-        self.dead_lettered = 0
+
+    def _renew(self, err: KafkaError) -> None:
+        """The consumer hit a fatal error (a static member fenced: after a
+        coordinator moved, librdkafka's own rejoin can fence its earlier member
+        id): its partitions are revoked, and a new consumer with the same settings
+        joins the group. A second one within ``RENEW_WINDOW_SECONDS`` raises
+        ``Unavailable``."""
+        now = time.monotonic()
+        if self._renewed_at is not None and now - self._renewed_at < (
+            RENEW_WINDOW_SECONDS
+        ):
+            raise Unavailable(
+                f"{self.topic}: fatal consumer error again within "
+                f"{RENEW_WINDOW_SECONDS:.0f} s (another member with this instance "
+                f"id?): {err}"
+            )
+        self._renewed_at = now
+        log.warning("%s: %s: joining the group again", self.topic, err)
+        lost, self._owned = sorted(self._owned), set()
+        if lost and self._on_revoke is not None:
+            self._on_revoke(lost)  # its commit is refused: read again, a no-op
+        self._fatal = None
+        old, self._consumer = self._consumer, Consumer(self._conf)
+        self._at_end.clear()
+        try:
+            old.close()  # its callbacks are not this consumer's: left out
+        except KafkaException as e:
+            log.debug("%s: closing the fenced consumer: %s", self.topic, e)
+        self._subscribe()
 
     def _assigned(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self._consumer:
+            return  # a consumer given up (``_renew``)
+        self._owned |= {p.partition for p in partitions}
         self._at_end -= {p.partition for p in partitions}
         if self._on_assign is None:
             return
@@ -110,19 +153,25 @@ class KafkaSource(Generic[T]):
             consumer.assign(partitions)
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self._consumer:
+            return  # a consumer given up (``_renew``): its partitions were revoked
+        self._owned -= {p.partition for p in partitions}
         if self._on_revoke is not None:
             self._on_revoke([p.partition for p in partitions])
 
     def poll(self, timeout: float = 1.0, max_messages: int = 500) -> list[Received[T]]:
         out: list[Received[T]] = []
+        if self._fatal is not None:
+            self._renew(self._fatal)
         for msg in consume_now(self._consumer, max_messages, timeout):
             err = msg.error()
             if err is not None and err.code() == KafkaError._PARTITION_EOF:
                 self._at_end.add(where(msg)[1])
                 continue
             if err is not None:
-                if err.fatal():
-                    raise Unavailable(f"{self.topic}: fatal consumer error: {err}")
+                if err.fatal() or err.code() == KafkaError._FATAL:
+                    self._renew(err)
+                    return []  # read again from the committed offsets
                 log.warning("%s: consumer error: %s", self.topic, err)
                 continue
             self._at_end.discard(where(msg)[1])
@@ -175,6 +224,8 @@ class KafkaSource(Generic[T]):
         ``COMMIT_RETRY_SECONDS``, raises ``Unavailable``: crash-only, the process
         restarts with new clients.
         """
+        if self._fatal is not None:
+            return False  # the consumer is given up; the next poll renews it
         try:
             self._consumer.commit(
                 offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
@@ -182,6 +233,10 @@ class KafkaSource(Generic[T]):
             )
         except KafkaException as e:
             err: KafkaError = e.args[0]
+            if err.fatal() or err.code() == KafkaError._FATAL:
+                log.info("%s: offsets not committed (%s)", self.topic, err)
+                self._fatal = err
+                return False
             if err.code() in _REBALANCING:
                 log.info("%s: offsets not committed (%s)", self.topic, err)
                 return False
