@@ -201,6 +201,10 @@ class KafkaSettings(BaseSettings):
             "auto.offset.reset": "earliest",
             "partition.assignment.strategy": "cooperative-sticky",
             "session.timeout.ms": self.session_timeout_ms,
+            # A member learns of a rebalance at its next heartbeat: a sixth of the
+            # session (librdkafka's 3 s at most), so the partitions of a member
+            # that died move within about a session's time, not a session and 3 s.
+            "heartbeat.interval.ms": min(3000, self.session_timeout_ms // 6),
         }
 
 

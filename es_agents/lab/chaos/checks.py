@@ -157,6 +157,11 @@ def print_report(
         f"{report['calls_refused_by_fencing_token']}; "
         f"acknowledgements checked {report['acknowledgements_checked']}"
     )
+    for stall in report.get("longest_stalls", []):
+        echo(
+            f"stall of {stall['s']:.1f} s at {stall['at_s']:.1f} s: run "
+            f"{stall['run']} after {stall['after']}"
+        )
     total = sum(len(v) for v in violations.values())
     echo(f"violations: {total}")
     for kind, items in violations.items():

@@ -150,12 +150,27 @@ def wait_in_sync(bootstrap: str, timeout: float = 120.0) -> None:
         time.sleep(0.5)
 
 
-def longest_stall(runs: dict[str, list[Event]]) -> float:
-    """The longest time between two events of one run (pauses for a person or a
-    timer left out: they wait on purpose)."""
-    longest = 0.0
-    for events in runs.values():
+@dataclass(frozen=True)
+class Stall:
+    seconds: float
+    run_id: str
+    after: str  # the event the run waited after
+    at: float  # when it began (epoch seconds)
+
+
+def longest_stalls(runs: dict[str, list[Event]], count: int = 3) -> list[Stall]:
+    """The longest times between two events of one run, one per run (pauses for a
+    person or a timer left out: they wait on purpose), longest first."""
+    stalls: list[Stall] = []
+    for run_id, events in runs.items():
+        worst: Stall | None = None
         for a, b in itertools.pairwise(events):
-            if not isinstance(a, Interrupted):
-                longest = max(longest, (b.at - a.at).total_seconds())
-    return round(longest, 2)
+            if isinstance(a, Interrupted):
+                continue
+            seconds = (b.at - a.at).total_seconds()
+            if worst is None or seconds > worst.seconds:
+                worst = Stall(round(seconds, 2), run_id, a.wire_name, a.at.timestamp())
+        if worst is not None:
+            stalls.append(worst)
+    stalls.sort(key=lambda s: -s.seconds)
+    return stalls[:count]

@@ -52,7 +52,7 @@ from es_agents.lab.chaos.cluster_faults import (
     AckClock,
     BrokerFault,
     kill_node,
-    longest_stall,
+    longest_stalls,
     rolling_restart,
 )
 from es_agents.lab.chaos.effects import EffectsService
@@ -135,6 +135,7 @@ class Chaos:
         self.started: dict[str, float] = {}
         self.approved: dict[str, float] = {}
         self.t0 = 0.0
+        self.wall_t0 = 0.0
 
     # -- processes -------------------------------------------------------------------
     def _env(self) -> dict[str, str]:
@@ -209,6 +210,7 @@ class Chaos:
         self.clock = AckClock(self.work) if self.cluster else None
         try:
             self.t0 = time.monotonic()
+            self.wall_t0 = time.time()
             injector = threading.Thread(target=self._inject, daemon=True)
             injector.start()
             window_end = self.t0 + config.minutes * 60
@@ -467,12 +469,29 @@ class Chaos:
             "acknowledgements_checked": acks,
             "calls_refused_by_fencing_token": sum(self.effects.fenced.values()),
             "brokers": len(self.stack.brokers),
-            "longest_stall_s": longest_stall(runs),
+            **self._stalls(runs),
             **self._broker_figures(),
             "violations": {k: len(v) for k, v in violations.items()},
         }
         print_report(self.echo, self.timeline, report, violations)
         return report
+
+    def _stalls(self, runs: dict[str, list[Event]]) -> dict[str, Any]:
+        """The longest stalls of runs, with when they began in the fault window
+        (to be read beside the faults' times)."""
+        stalls = longest_stalls(runs)
+        return {
+            "longest_stall_s": stalls[0].seconds if stalls else 0.0,
+            "longest_stalls": [
+                {
+                    "s": s.seconds,
+                    "run": s.run_id,
+                    "after": s.after,
+                    "at_s": round(s.at - self.wall_t0, 1),
+                }
+                for s in stalls
+            ],
+        }
 
     def _broker_figures(self) -> dict[str, Any]:
         """Per broker fault, and their medians and worst (a cluster only)."""
