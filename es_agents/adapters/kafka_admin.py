@@ -111,7 +111,13 @@ def ensure_topics(
             f"{commands} has {counts.get(commands)} partitions and {events} has "
             f"{counts.get(events)}: a run's commands and events must share a partition"
         )
-    _check_retention(admin, topics, timeout, fix_retention)
+    _check_retention(
+        admin,
+        topics,
+        timeout,
+        fix_retention,
+        lambda: AdminClient(_client(settings.to_librdkafka())),
+    )
     return counts
 
 
@@ -139,24 +145,32 @@ def delete_topics(settings: KafkaSettings, timeout: float = 30.0) -> list[str]:
 
 
 def _describe(
-    admin: AdminClient, topics: list[str], timeout: float
+    admin: AdminClient,
+    topics: list[str],
+    timeout: float,
+    renew: Callable[[], AdminClient] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Each topic's config entries. On a cluster, a topic just created may be
     unknown for a moment to the broker that answers; and a request can go
     unanswered (seen on a loaded single broker: 30 s without an answer): asked
-    again, each time with a part of ``timeout``, until ``timeout``."""
+    again, each time with a part of ``timeout``, until ``timeout`` -- after an
+    unanswered one, with a new client (``renew``): the old one's connection may
+    be the stuck part."""
     attempt = max(timeout / 3, 1.0)
+    current = [admin]
 
     def describe() -> dict[str, dict[str, Any]]:
         resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
         try:
             return {
                 resource.name: future.result(attempt)
-                for resource, future in admin.describe_configs(
-                    resources, request_timeout=attempt
-                ).items()
+                for resource, future in current[0]
+                .describe_configs(resources, request_timeout=attempt)
+                .items()
             }
         except TimeoutError as e:
+            if renew is not None:
+                current[0] = renew()
             raise _NotYetKnown(f"no answer within {attempt:.0f} s") from e
         except KafkaException as e:
             code = e.args[0].code()
@@ -176,11 +190,15 @@ def _describe(
 
 
 def _check_retention(
-    admin: AdminClient, topics: list[str], timeout: float, fix: bool
+    admin: AdminClient,
+    topics: list[str],
+    timeout: float,
+    fix: bool,
+    renew: Callable[[], AdminClient] | None = None,
 ) -> None:
     """Refuse topics that would expire records (or make them keep everything)."""
     finite: dict[str, dict[str, str]] = {}
-    for topic, entries in _describe(admin, topics, timeout).items():
+    for topic, entries in _describe(admin, topics, timeout, renew).items():
         wrong = {
             k: str(entries[k].value)
             for k, v in FOREVER.items()
