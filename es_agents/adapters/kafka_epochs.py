@@ -135,12 +135,6 @@ class PartitionTail:
         self._consumer.seek(here)
 
     def _run(self) -> None:
-        try:
-            self._read()
-        finally:
-            self._consumer.close()  # here: ``close`` does not wait for this thread
-
-    def _read(self) -> None:
         while not self._closed:
             try:
                 if self._kick:
@@ -352,13 +346,15 @@ class PartitionTail:
             raise outcome[0]
 
     def close(self) -> None:
-        """Appends still waiting are fenced at once; the tail's thread stops and
-        closes its consumer on its own (a revocation does not wait for a fetch or
-        a metadata request stuck on a broker that died)."""
+        """Appends still waiting are fenced at once; then the tail's thread is
+        waited for (5 s at most) and its consumer closed."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()  # an append waiting on its read-back is fenced
         self._answer_waiters()
+        self._thread.join(5)
+        self._answer_waiters()
+        self._consumer.close()
 
 
 _PENDING = object()
