@@ -92,18 +92,12 @@ def database_url(dev_stack: object) -> Iterator[str]:
     from es_agents.dev import DevStack  # noqa: PLC0415
 
     assert isinstance(dev_stack, DevStack)
-    from es_agents.adapters.postgres import Database  # noqa: PLC0415
+    from tests.test_support import migrated_database  # noqa: PLC0415
 
     name = f"es_test_{SESSION}"
-    dev_stack.postgres.create_database(name)
-    url = dev_stack.dev.database_url.rsplit("/", 1)[0] + f"/{name}"
     # Migrated now, not by whichever test happens to run first in this process
     # (tests run in several processes, each with its own session database).
-    db = Database(url, max_size=1)
-    try:
-        db.migrate()
-    finally:
-        db.close()
+    url = migrated_database(dev_stack, name)
     yield url
     dev_stack.postgres.drop_database(name)
 

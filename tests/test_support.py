@@ -43,3 +43,19 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def migrated_database(stack: object, name: str) -> str:
+    """A new database ``name`` on the dev stack's Postgres, migrated; its URL."""
+    from es_agents.adapters.postgres import Database  # noqa: PLC0415
+    from es_agents.dev import DevStack  # noqa: PLC0415
+
+    assert isinstance(stack, DevStack)
+    stack.postgres.create_database(name)
+    url = stack.dev.database_url.rsplit("/", 1)[0] + f"/{name}"
+    db = Database(url, max_size=1)
+    try:
+        db.migrate()
+    finally:
+        db.close()
+    return url

@@ -17,7 +17,6 @@ import psycopg
 import pytest
 from confluent_kafka import Consumer
 
-from es_agents.adapters.postgres import Database
 from es_agents.client import Client
 from es_agents.core import replay
 from es_agents.dev import DevStack
@@ -25,7 +24,7 @@ from es_agents.lab.demo import _env
 from es_agents.settings import KafkaSettings, Settings
 from tests.integration.test_commands import until
 from tests.integration.test_runtime import _events
-from tests.test_support import ROOT
+from tests.test_support import ROOT, migrated_database
 
 pytestmark = pytest.mark.integration
 
@@ -36,13 +35,7 @@ EXIT_UNAVAILABLE = 4
 def own_db(dev_stack: DevStack) -> Iterator[str]:
     """A database of this test alone: its connections are cut."""
     name = f"es_crash_{uuid.uuid4().hex[:10]}"
-    dev_stack.postgres.create_database(name)
-    url = dev_stack.dev.database_url.rsplit("/", 1)[0] + f"/{name}"
-    db = Database(url, max_size=1)
-    try:
-        db.migrate()
-    finally:
-        db.close()
+    url = migrated_database(dev_stack, name)
     yield url
     dev_stack.postgres.drop_database(name)
 
