@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -156,21 +156,53 @@ def _publish_us(settings: Settings, pieces: int, calls: int = 64) -> float:
     return statistics.median(rounds) / (calls * pieces) * 1e6
 
 
-def _parse_us(url: str, pieces: int, calls: int = 30) -> float:
-    """CPU of this process per piece to take a streamed answer (the adapter's
-    reading of the events), beyond taking the same answer whole."""
+def _parse_us(url: str, pieces: int, calls: int) -> float:
+    """CPU of this process per piece to take a streamed answer through the SDK
+    (the adapter's reading of the events), beyond taking the same answer whole;
+    ``calls`` calls at once, the pieces as far apart as in the worker's runs."""
     from es_agents.adapters.openai_model import OpenAIChatModel  # noqa: PLC0415
 
     model = OpenAIChatModel(url, "bench-model", timeout=30)
     messages: list[dict[str, JsonValue]] = [{"role": "user", "content": "hi"}]
 
+    async def call(stream: bool) -> None:
+        if stream:
+            await model.astream(messages, {}, (), lambda _: None)
+        else:
+            await model.acomplete(messages, {}, ())
+
+    return _per_piece(call, pieces, calls)
+
+
+def _floor_us(url: str, pieces: int, calls: int) -> float:
+    """The same measure for a reader with nothing but asyncio's streams (no
+    SDK, no HTTP client, no parsing): what being woken once per piece costs a
+    process on this machine, the floor under any streaming reader."""
+    host, port = url.split("//")[1].split("/")[0].split(":")
+
+    async def call(stream: bool) -> None:
+        body = json.dumps({"model": "m", "messages": [], "stream": stream}).encode()
+        reader, writer = await asyncio.open_connection(host, int(port))
+        writer.write(
+            b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json"
+            b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        while await reader.read(65536):
+            pass
+        writer.close()
+
+    return _per_piece(call, pieces, calls)
+
+
+def _per_piece(
+    call: Callable[[bool], Awaitable[None]], pieces: int, calls: int
+) -> float:
+    """CPU µs per piece of ``calls`` streamed calls at once beyond as many whole
+    answers (the server takes as long for both), median of three rounds."""
+
     async def spent(stream: bool) -> float:
         started = time.process_time()
-        for _ in range(calls):
-            if stream:
-                await model.astream(messages, {}, (), lambda _: None)
-            else:
-                await model.acomplete(messages, {}, ())
+        await asyncio.gather(*(call(stream) for _ in range(calls)))
         return time.process_time() - started
 
     async def rounds() -> list[float]:
@@ -237,12 +269,16 @@ def bench_stream(  # noqa: PLR0917 - the bench's knobs
             result["streaming_adds"] = round(over_plain, 3)
             # The same two costs measured alone, where the machine's noise is small.
             publish_us = _publish_us(settings, pieces)
-            with _model_server(pieces, 0.0, Path(tmp) / "fast.jsonl") as fast:
-                parse_us = _parse_us(fast, pieces)
+            concurrent = min(cpu_runs, 100)
+            parse_us = _parse_us(url, pieces, concurrent)
+            floor_us = _floor_us(url, pieces, concurrent)
             alone = (publish_us + parse_us) * pieces / cpu["plain"]
+            floor = floor_us * pieces / cpu["plain"]
             result["publish_us_per_piece"] = round(publish_us, 1)
             result["parse_us_per_piece"] = round(parse_us, 1)
+            result["floor_us_per_piece"] = round(floor_us, 1)
             result["streaming_adds_alone"] = round(alone, 4)
+            result["floor_adds"] = round(floor, 4)
             echo(
                 f"worker CPU per model call ({cpu_runs} runs, median of {repeats}): "
                 f"not streamed {cpu['plain']:.0f} us, streamed {cpu['discarded']:.0f} "
@@ -250,9 +286,12 @@ def bench_stream(  # noqa: PLR0917 - the bench's knobs
                 f"publishing adds {added:+.1%}, streaming in all {over_plain:+.1%}"
             )
             echo(
-                f"measured alone: publishing {publish_us:.1f} us and reading "
-                f"{parse_us:.1f} us of CPU per piece: {pieces} pieces add "
-                f"{alone:.1%} to a model call's {cpu['plain']:.0f} us"
+                f"measured alone ({concurrent} calls at once): publishing "
+                f"{publish_us:.1f} us and reading {parse_us:.1f} us of CPU per "
+                f"piece: {pieces} pieces add {alone:.1%} to a model call's "
+                f"{cpu['plain']:.0f} us; a bare asyncio reader of the same answers "
+                f"spends {floor_us:.1f} us per piece ({floor:.1%}): the floor of "
+                f"being woken once per piece on this machine"
             )
     echo(json.dumps(result))
     return result
