@@ -11,6 +11,9 @@ each call with ``pieces`` pieces of text ``gap`` apart and logs when it wrote ea
    pieces discarded (the SDK's streaming alone), and streamed with every piece
    published to the stream topic (what es-agents adds). CPU seconds of this process
    per model call, the median of ``repeats`` rounds.
+3. The same costs alone, where the machine's noise is small: publishing a piece,
+   reading one through the SDK, and reading one with nothing but asyncio's streams
+   (the floor: what being woken once per piece costs a process on this machine).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import JsonValue
 
@@ -178,11 +182,12 @@ def _floor_us(url: str, pieces: int, calls: int) -> float:
     """The same measure for a reader with nothing but asyncio's streams (no
     SDK, no HTTP client, no parsing): what being woken once per piece costs a
     process on this machine, the floor under any streaming reader."""
-    host, port = url.split("//")[1].split("/")[0].split(":")
+    where = urlsplit(url)
+    host, port = where.hostname or "127.0.0.1", where.port or 80
 
     async def call(stream: bool) -> None:
         body = json.dumps({"model": "m", "messages": [], "stream": stream}).encode()
-        reader, writer = await asyncio.open_connection(host, int(port))
+        reader, writer = await asyncio.open_connection(host, port)
         writer.write(
             b"POST /v1/chat/completions HTTP/1.0\r\nContent-Type: application/json"
             b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
