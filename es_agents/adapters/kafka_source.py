@@ -180,9 +180,11 @@ class KafkaSource(Generic[T]):
             except DecodeError as e:
                 self._dlq.send(to_record(msg), str(e))
                 self.dead_lettered += 1
-                self._mark(msg)
-                self._skipped.append(where(msg)[1:])
+                if self._mark(msg):
+                    self._skipped.append(where(msg)[1:])
                 continue
+            if not self._mark(msg):
+                continue  # its partition was revoked in this poll: not ours now
             key = msg.key()
             raw: Any = msg.headers()
             out.append(
@@ -193,14 +195,23 @@ class KafkaSource(Generic[T]):
                     tuple((str(k), bytes(v or b"")) for k, v in raw) if raw else (),
                 )
             )
-            self._mark(msg)
         return out
 
-    def _mark(self, msg: Message) -> None:
+    def _mark(self, msg: Message) -> bool:
+        """Store the message's offset for the next commit; False when its partition
+        is no longer assigned (revoked by a rebalance served in the same poll,
+        after the message was fetched): the message is left to the next owner."""
         topic, partition, offset = where(msg)
-        self._consumer.store_offsets(
-            offsets=[TopicPartition(topic, partition, offset + 1)]
-        )
+        try:
+            self._consumer.store_offsets(
+                offsets=[TopicPartition(topic, partition, offset + 1)]
+            )
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError._STATE:
+                raise
+            log.info("%s[%d]: revoked during the poll: offset %d left", *where(msg))
+            return False
+        return True
 
     def caught_up(self) -> bool:
         """True when assigned and every assigned partition was read to its end
