@@ -272,7 +272,8 @@ def bench_stream(  # noqa: PLR0917 - the bench's knobs
             over_plain = (cpu["published"] - cpu["plain"]) / cpu["plain"]
             result["publishing_adds"] = round(added, 3)
             result["streaming_adds"] = round(over_plain, 3)
-            # The same two costs measured alone, where the machine's noise is small.
+            # The same costs measured alone, where the machine's noise is small, and
+            # the floor: a reader of the same answers with nothing but asyncio.
             publish_us = _publish_us(settings, pieces)
             concurrent = min(cpu_runs, 100)
             parse_us = _parse_us(url, pieces, concurrent)
