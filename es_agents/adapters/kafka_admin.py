@@ -65,8 +65,12 @@ def ensure_topics(
     only applies when creating.
     """
     topics = settings.topics
+
+    def new_admin() -> AdminClient:  # a stuck request is asked again by a new one
+        return AdminClient(_client(settings.to_librdkafka()))
+
     for attempt in (1, 2):  # a stuck metadata call: once more, with a new client
-        admin = AdminClient(_client(settings.to_librdkafka()))
+        admin = new_admin()
         try:
             existing = list_topics(admin, timeout)
             break
@@ -98,12 +102,7 @@ def ensure_topics(
             except KafkaException as e:
                 if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise Unavailable(f"cannot create topic {topic}: {e}") from e
-        existing = _wait_for_leaders(
-            admin,
-            topics,
-            timeout,
-            lambda: AdminClient(_client(settings.to_librdkafka())),
-        )
+        existing = _wait_for_leaders(admin, topics, timeout, new_admin)
     counts = {t: len(existing[t].partitions) for t in topics if t in existing}
     commands, events = settings.commands_topic, settings.events_topic
     if counts.get(commands) != counts.get(events):
@@ -111,13 +110,7 @@ def ensure_topics(
             f"{commands} has {counts.get(commands)} partitions and {events} has "
             f"{counts.get(events)}: a run's commands and events must share a partition"
         )
-    _check_retention(
-        admin,
-        topics,
-        timeout,
-        fix_retention,
-        lambda: AdminClient(_client(settings.to_librdkafka())),
-    )
+    _check_retention(admin, topics, timeout, fix_retention, new_admin)
     return counts
 
 
@@ -157,20 +150,20 @@ def _describe(
     unanswered one, with a new client (``renew``): the old one's connection may
     be the stuck part."""
     attempt = max(timeout / 3, 1.0)
-    current = [admin]
 
     def describe() -> dict[str, dict[str, Any]]:
+        nonlocal admin
         resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
         try:
             return {
                 resource.name: future.result(attempt)
-                for resource, future in current[0]
-                .describe_configs(resources, request_timeout=attempt)
-                .items()
+                for resource, future in admin.describe_configs(
+                    resources, request_timeout=attempt
+                ).items()
             }
         except TimeoutError as e:
             if renew is not None:
-                current[0] = renew()
+                admin = renew()
             raise _NotYetKnown(f"no answer within {attempt:.0f} s") from e
         except KafkaException as e:
             code = e.args[0].code()

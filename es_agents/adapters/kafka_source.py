@@ -209,7 +209,12 @@ class KafkaSource(Generic[T]):
         except KafkaException as e:
             if e.args[0].code() != KafkaError._STATE:
                 raise
-            log.info("%s[%d]: revoked during the poll: offset %d left", *where(msg))
+            log.info(
+                "%s[%d]: revoked during the poll: offset %d left",
+                topic,
+                partition,
+                offset,
+            )
             return False
         return True
 
