@@ -215,13 +215,18 @@ class Subscription(Protocol[T]):
 # Called with the partitions gained; may return start offsets to read them from.
 OnAssign = Callable[[list[int]], Mapping[int, int] | None]
 OnRevoke = Callable[[list[int]], None]
+# Called instead of ``OnRevoke`` for partitions lost rather than handed over (the
+# member's session expired or it was fenced, as when the group coordinator's broker
+# died): they usually come back to the same member once it has joined again.
+OnLost = Callable[[list[int]], None]
 
 
 class Subscribe(Protocol):
     """Join ``group`` on ``topic``: the store's consumer-group membership.
     ``gather_ms``: a read may wait up to this long for records to gather (fewer,
     larger reads for a reader that can trail the log a little; the Kafka store's
-    fetches, the others read what is there)."""
+    fetches, the others read what is there). Without ``on_lost``, lost partitions
+    go to ``on_revoke``."""
 
     def __call__(
         self,
@@ -231,6 +236,7 @@ class Subscribe(Protocol):
         *,
         on_assign: OnAssign | None = None,
         on_revoke: OnRevoke | None = None,
+        on_lost: OnLost | None = None,
         instance_id: str | None = None,
         gather_ms: int = 0,
     ) -> Subscription[T]: ...

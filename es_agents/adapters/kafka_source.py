@@ -25,7 +25,7 @@ from es_agents.adapters.kafka import (
 from es_agents.adapters.kafka_producer import _client
 from es_agents.dead_letters import DeadLetterQueue
 from es_agents.errors import DecodeError, Unavailable
-from es_agents.ports import OnAssign, OnRevoke, Received
+from es_agents.ports import OnAssign, OnLost, OnRevoke, Received
 from es_agents.settings import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,7 @@ class KafkaSource(Generic[T]):
         *,
         on_assign: OnAssign | None = None,
         on_revoke: OnRevoke | None = None,
+        on_lost: OnLost | None = None,
         instance_id: str | None = None,
         gather_ms: int = 0,
     ) -> None:
@@ -95,6 +96,7 @@ class KafkaSource(Generic[T]):
         self._skipped: list[tuple[int, int]] = []
         self._on_assign = on_assign
         self._on_revoke = on_revoke
+        self._on_lost = on_lost or on_revoke
         self._subscribe()
         self.dead_lettered = 0
 
@@ -103,7 +105,7 @@ class KafkaSource(Generic[T]):
             [self.topic],
             on_assign=self._assigned,
             on_revoke=self._revoked,
-            on_lost=self._revoked,
+            on_lost=self._lost,
         )
 
     def _renew(self, err: KafkaError) -> None:
@@ -124,8 +126,8 @@ class KafkaSource(Generic[T]):
         self._renewed_at = now
         log.warning("%s: %s: joining the group again", self.topic, err)
         lost, self._owned = sorted(self._owned), set()
-        if lost and self._on_revoke is not None:
-            self._on_revoke(lost)  # its commit is refused: read again, a no-op
+        if lost and self._on_lost is not None:
+            self._on_lost(lost)  # its commit is refused: read again, a no-op
         self._fatal = None
         old, self._consumer = self._consumer, Consumer(self._conf)
         self._at_end.clear()
@@ -158,6 +160,16 @@ class KafkaSource(Generic[T]):
         self._owned -= {p.partition for p in partitions}
         if self._on_revoke is not None:
             self._on_revoke([p.partition for p in partitions])
+
+    def _lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """The session expired (no heartbeat answered within the session timeout,
+        as while the group coordinator's broker is down): librdkafka joins again,
+        and a static member usually gets the same partitions back."""
+        if consumer is not self._consumer:
+            return
+        self._owned -= {p.partition for p in partitions}
+        if self._on_lost is not None:
+            self._on_lost([p.partition for p in partitions])
 
     def poll(self, timeout: float = 1.0, max_messages: int = 500) -> list[Received[T]]:
         out: list[Received[T]] = []

@@ -11,6 +11,7 @@ over its live members.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from es_agents.core.events import Event
 from es_agents.dead_letters import DeadLetterQueue
 from es_agents.errors import ConfigError, DecodeError, FencedError
 from es_agents.partitioner import partition_for
-from es_agents.ports import OnAssign, OnRevoke, Position, Received, Record
+from es_agents.ports import OnAssign, OnLost, OnRevoke, Position, Received, Record
 
 T = TypeVar("T")
 
@@ -239,6 +240,7 @@ class MemorySource(Generic[T]):
         *,
         on_assign: OnAssign | None = None,
         on_revoke: OnRevoke | None = None,
+        on_lost: OnLost | None = None,
         instance_id: str | None = None,
         gather_ms: int = 0,  # reads return what is there
     ) -> None:
@@ -248,6 +250,9 @@ class MemorySource(Generic[T]):
         self._dlq = dlq
         self._on_assign = on_assign
         self._on_revoke = on_revoke
+        self._on_lost = on_lost or on_revoke
+        self._lose_for: float | None = None
+        self._away_until = 0.0
         self._member = instance_id or uuid.uuid4().hex
         self._positions: dict[int, int] = {}
         self._at_end: set[int] = set()
@@ -257,6 +262,9 @@ class MemorySource(Generic[T]):
             self._group.members.append(self._member)
 
     def _rebalance(self) -> None:
+        self._lose()
+        if time.monotonic() < self._away_until:
+            return
         with self.broker.lock:
             members = sorted(self._group.members)
             n = len(self.broker.topics[self.topic])
@@ -282,9 +290,24 @@ class MemorySource(Generic[T]):
                 self._positions[p] = start if start is not None else committed[p]
                 self._at_end.discard(p)
 
-    def _release(self, partitions: list[int]) -> None:
-        if self._on_revoke is not None:
-            self._on_revoke(partitions)
+    def lose(self, seconds: float = 0.0) -> None:
+        """As a Kafka member whose session expired (for tests; from any thread): at
+        its next poll its partitions are lost, not handed over, and come back
+        ``seconds`` later from the committed offsets (the member still in the
+        group)."""
+        self._lose_for = seconds
+
+    def _lose(self) -> None:
+        seconds, self._lose_for = self._lose_for, None
+        if seconds is None:
+            return
+        self._release(sorted(self._positions), lost=True)
+        self._away_until = time.monotonic() + seconds
+
+    def _release(self, partitions: list[int], lost: bool = False) -> None:
+        tell = self._on_lost if lost else self._on_revoke
+        if tell is not None:
+            tell(partitions)
         with self.broker.lock:
             for p in partitions:
                 self._positions.pop(p, None)

@@ -29,7 +29,7 @@ from es_agents.adapters.postgres import Database
 from es_agents.adapters.postgres_log import CHANNEL, record
 from es_agents.dead_letters import DeadLetterQueue
 from es_agents.errors import ConfigError, DecodeError, Unavailable
-from es_agents.ports import OnAssign, OnRevoke, Received
+from es_agents.ports import OnAssign, OnLost, OnRevoke, Received
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ class PostgresSource(Generic[T]):
         session_timeout: float = 10.0,
         on_assign: OnAssign | None = None,
         on_revoke: OnRevoke | None = None,
+        on_lost: OnLost | None = None,  # a lease lost is another member's: revoked
         instance_id: str | None = None,
         gather_ms: int = 0,  # reads return what is there
     ) -> None:

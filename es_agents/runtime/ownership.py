@@ -6,6 +6,13 @@ to tools) and builds the store's fenced writer for it, driven by the partition's
 driver (``driver``: group commit); the writer of a previous owner is fenced from then
 on. On revocation the writers close, so a loop still running for that partition can
 append nothing more.
+
+A partition *lost* rather than handed over (the group session expired, as while the
+group coordinator's broker is down) is held: its writer stays open and its runs go
+on, every append still fenced by the epoch. When the group gives it back and the
+epoch store still names this worker's epoch -- nobody claimed it meanwhile -- it is
+kept as it was: no new claim, no reload. Otherwise, or when the hold runs out, it is
+let go as on a revocation.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ class Ownership:
         self._lock = threading.Lock()
         self._drivers: dict[int, PartitionDriver] = {}
         self._epochs: dict[int, int] = {}
+        self._held: dict[int, float] = {}  # lost partitions: until when (monotonic)
 
     def assign(self, partitions: Iterable[int]) -> None:
         for partition in partitions:
@@ -49,11 +57,50 @@ class Ownership:
             if old is not None:  # assigned again without a revoke: a new epoch
                 old.close()
 
+    def hold(self, partitions: Iterable[int], until: float) -> None:
+        """Keep the writers of lost partitions open until ``until`` (monotonic)."""
+        with self._lock:
+            for partition in partitions:
+                if partition in self._drivers:
+                    self._held[partition] = until
+
+    def held_out(self, now: float) -> list[int]:
+        """The held partitions whose hold ran out (no longer held): to let go."""
+        with self._lock:
+            out = sorted(p for p, until in self._held.items() if until <= now)
+            for partition in out:
+                del self._held[partition]
+        return out
+
+    def take_back(self, partitions: Iterable[int]) -> tuple[list[int], list[int]]:
+        """Of partitions assigned again, those held: ``(kept, stale)``. Kept: the
+        epoch store still names this worker's epoch (nobody claimed the partition
+        meanwhile), so its writer and runs go on. Stale: claimed by another worker
+        meanwhile (or the store could not tell): to let go before a new claim."""
+        kept: list[int] = []
+        stale: list[int] = []
+        for partition in partitions:
+            with self._lock:
+                held = self._held.pop(partition, None) is not None
+                epoch = self._epochs.get(partition)
+            if not held:
+                continue
+            try:
+                now = self._projections.current_epoch(self.group, partition)
+            except EsAgentsError as e:
+                log.warning(
+                    "partition %d: its epoch unknown (%s): claimed again", partition, e
+                )
+                now = None
+            (kept if now is not None and now == epoch else stale).append(partition)
+        return kept, stale
+
     def revoke(self, partitions: Iterable[int]) -> None:
         with self._lock:
             drivers = [self._drivers.pop(p) for p in partitions if p in self._drivers]
             for partition in partitions:
                 self._epochs.pop(partition, None)
+                self._held.pop(partition, None)
         for driver in drivers:
             driver.close()
 

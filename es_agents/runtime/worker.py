@@ -68,6 +68,9 @@ STOP_SECONDS = 60.0  # at close, how long runs may take to reach a step's end
 # its partitions go to their next owner, which recovers what was in flight. Closing
 # the clients gets this long; the process leaves after it whatever hangs.
 CRASH_CLOSE_SECONDS = 5.0
+# Partitions lost (not handed over) are held this long: their runs go on, fenced as
+# ever, and the group usually gives them back once the member has joined again.
+HOLD_SECONDS = 15.0
 
 
 class Worker:
@@ -137,6 +140,7 @@ class Worker:
             ports.log.decode_command,
             on_assign=self._on_assign,
             on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
             instance_id=instance_id,
         )
 
@@ -171,6 +175,10 @@ class Worker:
                 self._route(item.message, item.partition, item.offset)
             self._start_recoveries()
             now = time.monotonic()
+            held_out = self.ownership.held_out(now)
+            if held_out:
+                log.info("lost partitions %s not given back: let go", held_out)
+                self._let_go(held_out)
             if self._tend(now):
                 # Their commands are to be read before this worker can call
                 # itself idle (the source's end is as of its last poll).
@@ -355,20 +363,41 @@ class Worker:
     # -- partitions ------------------------------------------------------------------
     def _on_assign(self, partitions: list[int]) -> Mapping[int, int] | None:
         log.info("assigned partitions %s", partitions)
-        self.ownership.assign(partitions)  # fences whoever wrote these partitions
+        kept, stale = self.ownership.take_back(partitions)
+        if kept:
+            log.info("partitions %s back after a loss: their runs went on", kept)
+        if stale:
+            log.info("partitions %s back, claimed by another meanwhile", stale)
+            self._let_go(stale)
+        # Fences whoever wrote these partitions.
+        self.ownership.assign([p for p in partitions if p not in kept])
         with self._lock:
             self._assigned = True
-            self._recovering.extend(partitions)
+            # Kept: their runs never stopped.
+            self._recovering.extend(p for p in partitions if p not in kept)
         return None
 
     def _on_revoke(self, partitions: list[int]) -> None:
         log.info("revoked partitions %s", partitions)
+        self._commit()
+        self.tracker.forget(partitions)
+        self._let_go(partitions)
+
+    def _on_lost(self, partitions: list[int]) -> None:
+        """Lost, not handed over: held (``Ownership``) for ``HOLD_SECONDS``. Their
+        commands not committed are read again when they come back (applying a
+        command twice is a no-op)."""
+        log.info("lost partitions %s: held %.0f s", partitions, HOLD_SECONDS)
+        self._commit()
+        self.tracker.forget(partitions)
+        self.ownership.hold(partitions, time.monotonic() + HOLD_SECONDS)
+
+    def _let_go(self, partitions: list[int]) -> None:
+        """Stop the partitions' runs at their step's end and close their writers."""
         with self._lock:
             for actor in self._actors.values():
                 if actor.partition in partitions:
                     actor.stopping = True
-        self._commit()
-        self.tracker.forget(partitions)
         self.ownership.revoke(partitions)
         self.warm.drop(partitions)
 
