@@ -5,6 +5,7 @@ Every psycopg error becomes one of ours at this boundary, with ``raise ... from`
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from collections.abc import Callable, Iterator, Sequence
@@ -207,6 +208,9 @@ class Database:
         self.pool.close()
 
 
+# A due timer claimed by a worker is left to it this long; not marked fired by
+# then (the worker died while sending its wake-up), it is due again.
+TIMER_CLAIM_SECONDS = 30.0
 MIGRATION_LOCK = 0x65_73_61_67  # "esag": the advisory lock taken while migrating
 
 
@@ -290,29 +294,50 @@ class PostgresTimers:
                 # asleep yet): arm it again.
                 "INSERT INTO timers (timer_id, run_id, due_at) VALUES (%s, %s, %s) "
                 "ON CONFLICT (timer_id) DO UPDATE "
-                "SET due_at = EXCLUDED.due_at, fired_at = NULL",
+                "SET due_at = EXCLUDED.due_at, fired_at = NULL, claimed_until = NULL",
                 (timer_id, run_id, due_at),
             )
 
     def fire_due(self, fire: Callable[[Sequence[Due]], None], limit: int = 1000) -> int:
-        """Call ``fire`` with up to ``limit`` due timers, then mark them.
+        """Claim up to ``limit`` due timers, call ``fire`` with them, then mark them.
 
-        ``fire`` must make the wake-ups durable (send the commands) before returning;
-        a crash before the mark fires them again, which the runs ignore.
+        ``fire`` must make the wake-ups durable (send the commands) before returning.
+        The claim is a lease (``claimed_until``, ``TIMER_CLAIM_SECONDS``) committed
+        before ``fire``: no transaction stays open while the wake-ups are sent (a
+        send waiting out a broker's failover outlasted the session's
+        idle-in-transaction limit, and the server ended the worker's session). If
+        ``fire`` raises, the claim is given up; a crash before the mark fires them
+        again once the lease has ended. The runs ignore a timer that does not wake
+        them.
         """
         with self._db.transaction() as conn:
             rows: list[Due] = conn.execute(
-                "SELECT timer_id, run_id, due_at FROM timers "
-                "WHERE fired_at IS NULL AND due_at <= now() ORDER BY due_at "
-                "LIMIT %s FOR UPDATE SKIP LOCKED",
-                (limit,),
+                "UPDATE timers SET claimed_until = now() + make_interval(secs => %s) "
+                "WHERE timer_id IN (SELECT timer_id FROM timers WHERE fired_at IS NULL "
+                "AND due_at <= now() AND (claimed_until IS NULL OR claimed_until < "
+                "now()) ORDER BY due_at LIMIT %s FOR UPDATE SKIP LOCKED) "
+                "RETURNING timer_id, run_id, due_at",
+                (TIMER_CLAIM_SECONDS, limit),
             ).fetchall()
-            if rows:
-                fire(rows)
+        if not rows:
+            return 0
+        rows.sort(key=lambda r: r[2])
+        ids = [r[0] for r in rows]
+        try:
+            fire(rows)
+        except BaseException:
+            with contextlib.suppress(Unavailable), self._db.transaction() as conn:
                 conn.execute(
-                    "UPDATE timers SET fired_at = now() WHERE timer_id = ANY(%s)",
-                    ([r[0] for r in rows],),
+                    "UPDATE timers SET claimed_until = NULL WHERE timer_id = ANY(%s)",
+                    (ids,),
                 )
+            raise
+        with self._db.transaction() as conn:
+            conn.execute(
+                "UPDATE timers SET fired_at = now(), claimed_until = NULL "
+                "WHERE timer_id = ANY(%s)",
+                (ids,),
+            )
         return len(rows)
 
     def get(self, timer_id: str) -> tuple[datetime, datetime | None] | None:

@@ -390,3 +390,47 @@ def test_a_sleep_scheduled_again_is_armed_again(database_url: str) -> None:
         assert fired == [timer, timer]
     finally:
         db.close()
+
+
+def test_a_slow_wake_up_holds_no_transaction_open(database_url: str) -> None:
+    """Sending a timer's wake-up can wait out a broker's failover (seconds): the
+    timers are claimed for a while, not held locked in an open transaction, which
+    the server ends after the session's idle limit (it ended the worker). A claimed
+    timer is not fired by another worker meanwhile; a send that fails gives the
+    claim up at once."""
+    from datetime import UTC, datetime, timedelta  # noqa: PLC0415
+
+    from es_agents.adapters.postgres import Database, PostgresTimers  # noqa: PLC0415
+    from es_agents.errors import AppendError  # noqa: PLC0415
+
+    db = Database(database_url, idle_in_transaction=0.5)
+    db.migrate()
+    timers = PostgresTimers(db)
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    timer = f"{run_id}:3"
+    mine: list[list[str]] = []
+    others: list[str] = []
+
+    def other(due: Sequence[tuple[str, str, datetime]]) -> None:
+        others.extend(t for t, _, _ in due if t == timer)
+
+    def slow(due: Sequence[tuple[str, str, datetime]]) -> None:
+        mine.append([t for t, _, _ in due if t == timer])
+        timers.fire_due(other)  # another worker, meanwhile
+        time.sleep(1.0)  # the send waits (the scenario: twice the idle limit)
+
+    def failing(due: Sequence[tuple[str, str, datetime]]) -> None:
+        raise AppendError("the broker did not acknowledge")
+
+    try:
+        timers.schedule(timer, run_id, datetime.now(UTC) - timedelta(seconds=1))
+        with pytest.raises(AppendError):
+            timers.fire_due(failing)
+        timers.fire_due(slow)  # the claim given up: due again at once
+        assert mine == [[timer]]
+        assert others == []
+        found = timers.get(timer)
+        assert found is not None
+        assert found[1] is not None  # marked fired, after the slow send
+    finally:
+        db.close()
