@@ -208,9 +208,9 @@ class Database:
         self.pool.close()
 
 
-# A due timer claimed by a worker is left to it this long; not marked fired by
-# then (the worker died while sending its wake-up), it is due again.
-TIMER_CLAIM_SECONDS = 30.0
+# A due timer or schedule claimed by a worker is left to it this long; not marked
+# fired by then (the worker died while sending its commands), it is due again.
+CLAIM_SECONDS = 30.0
 MIGRATION_LOCK = 0x65_73_61_67  # "esag": the advisory lock taken while migrating
 
 
@@ -302,7 +302,7 @@ class PostgresTimers:
         """Claim up to ``limit`` due timers, call ``fire`` with them, then mark them.
 
         ``fire`` must make the wake-ups durable (send the commands) before returning.
-        The claim is a lease (``claimed_until``, ``TIMER_CLAIM_SECONDS``) committed
+        The claim is a lease (``claimed_until``, ``CLAIM_SECONDS``) committed
         before ``fire``: no transaction stays open while the wake-ups are sent (a
         send waiting out a broker's failover outlasted the session's
         idle-in-transaction limit, and the server ended the worker's session). If
@@ -317,7 +317,7 @@ class PostgresTimers:
                 "AND due_at <= now() AND (claimed_until IS NULL OR claimed_until < "
                 "now()) ORDER BY due_at LIMIT %s FOR UPDATE SKIP LOCKED) "
                 "RETURNING timer_id, run_id, due_at",
-                (TIMER_CLAIM_SECONDS, limit),
+                (CLAIM_SECONDS, limit),
             ).fetchall()
         if not rows:
             return 0

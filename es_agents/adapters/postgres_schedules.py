@@ -1,15 +1,20 @@
 """Schedules in Postgres (``schedules``, one row per schedule of a topic prefix).
-Due schedules are taken ``FOR UPDATE SKIP LOCKED``, so the workers of an agent
-share them and a tick is in one worker's hands at a time."""
+Due schedules are claimed for a while (``claimed_until``, taken ``FOR UPDATE SKIP
+LOCKED``), so the workers of an agent share them and a tick is in one worker's
+hands at a time, with no transaction open while its runs are started (a start
+waiting out a broker's failover outlasted the session's idle-in-transaction limit).
+"""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
-from es_agents.adapters.postgres import Database
+from es_agents.adapters.postgres import CLAIM_SECONDS, Database
 from es_agents.core.schedules import InvalidSchedule, Schedule, run_id_for
+from es_agents.errors import Unavailable
 from es_agents.ports import Moved, ScheduleRow
 
 _COLUMNS = (
@@ -101,30 +106,55 @@ class PostgresSchedules:
         fire: Callable[[Sequence[ScheduleRow], datetime], Mapping[str, Moved]],
         limit: int = 100,
     ) -> int:
+        """Claim the due schedules, ``fire`` them, then move each to its next due
+        time -- unless it was changed meanwhile (the change stands). ``fire``
+        raising gives the claims up; a crash leaves them to the claim's end."""
         with self._db.transaction() as conn:
             found = conn.execute(
-                f"SELECT {_COLUMNS}, now() FROM schedules WHERE topic_prefix = %s "  # noqa: S608
-                "AND agent = %s AND NOT paused AND next_due <= now() "
-                "ORDER BY next_due LIMIT %s FOR UPDATE SKIP LOCKED",
-                (self._prefix, agent, limit),
+                f"UPDATE schedules SET claimed_until = now() + make_interval("  # noqa: S608
+                "secs => %s) WHERE (topic_prefix, name) IN (SELECT topic_prefix, "
+                "name FROM schedules WHERE topic_prefix = %s AND agent = %s AND NOT "
+                "paused AND next_due <= now() AND (claimed_until IS NULL OR "
+                "claimed_until < now()) ORDER BY next_due LIMIT %s FOR UPDATE SKIP "
+                f"LOCKED) RETURNING {_COLUMNS}, now()",
+                (CLAIM_SECONDS, self._prefix, agent, limit),
             ).fetchall()
-            if not found:
-                return 0
-            now: datetime = found[0][-1]
-            rows = [row for r in found if (row := _row(r[:-1])) is not None]
+        if not found:
+            return 0
+        found.sort(key=lambda r: r[8])  # by next_due
+        now: datetime = found[0][-1]
+        claimed = {r[0]: r[12] for r in found}  # name: updated_at
+        rows = [row for r in found if (row := _row(r[:-1])) is not None]
+        try:
             moved = fire(rows, now)
+        except BaseException:
+            with contextlib.suppress(Unavailable), self._db.transaction() as conn:
+                conn.execute(
+                    "UPDATE schedules SET claimed_until = NULL WHERE topic_prefix = "
+                    "%s AND name = ANY(%s)",
+                    (self._prefix, list(claimed)),
+                )
+            raise
+        with self._db.transaction() as conn:
             for name, (next_due, tick) in moved.items():
                 conn.execute(
                     "UPDATE schedules SET next_due = %s, "
                     "last_tick = coalesce(%s, last_tick), "
                     "last_run_id = coalesce(%s, last_run_id) "
-                    "WHERE topic_prefix = %s AND name = %s",
+                    "WHERE topic_prefix = %s AND name = %s "
+                    "AND updated_at IS NOT DISTINCT FROM %s",
                     (
                         next_due,
                         tick,
                         None if tick is None else run_id_for(name, tick),
                         self._prefix,
                         name,
+                        claimed.get(name),
                     ),
                 )
+            conn.execute(
+                "UPDATE schedules SET claimed_until = NULL WHERE topic_prefix = %s "
+                "AND name = ANY(%s)",
+                (self._prefix, list(claimed)),
+            )
         return len(found)

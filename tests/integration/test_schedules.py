@@ -10,10 +10,13 @@ import json
 import signal
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -178,6 +181,56 @@ def test_a_schedule_row_not_written_by_a_worker_starts_nothing(
         gone = cli(env, "schedule", "delete", "control")
         assert gone.returncode == 0, gone.stderr
         assert "control" not in {v.name for v in client.schedules.list()}
+
+
+def test_a_slow_start_holds_no_transaction_open_and_a_change_meanwhile_stands(
+    database_url: str,
+) -> None:
+    """Starting a tick's run can wait out a broker's failover (seconds): the due
+    schedules are claimed for a while, not held locked in an open transaction (the
+    server ends one after the session's idle limit, and the worker with it). Another
+    worker does not fire a claimed schedule; a schedule changed while its tick was
+    being started keeps the change; a start that fails gives the claim up."""
+    from es_agents.adapters.postgres import Database  # noqa: PLC0415
+    from es_agents.adapters.postgres_schedules import PostgresSchedules  # noqa: PLC0415
+    from es_agents.core.schedules import Schedule  # noqa: PLC0415
+    from es_agents.errors import AppendError  # noqa: PLC0415
+    from es_agents.ports import ScheduleRow  # noqa: PLC0415
+
+    db = Database(database_url, idle_in_transaction=0.5)
+    db.migrate()
+    schedules = PostgresSchedules(db, f"claims-{uuid.uuid4().hex[:8]}")
+    now = datetime.now(UTC)
+    every = Schedule("slow", "quick", "{}", "all", now - timedelta(hours=1), None, 60)
+    schedules.put(ScheduleRow(every, now - timedelta(seconds=1), "mac"))
+    later = now + timedelta(hours=1)
+    fired: list[list[str]] = []
+    others: list[str] = []
+
+    def failing(rows: Any, at: datetime) -> dict[str, Any]:
+        raise AppendError("the broker did not acknowledge")
+
+    def slow(rows: Any, at: datetime) -> dict[str, Any]:
+        fired.append([r.schedule.name for r in rows])
+        schedules.fire_due("quick", lambda rows, at: others.extend(rows) or {})
+        # Changed meanwhile (paused, due later): the change stands.
+        schedules.put(ScheduleRow(every.paused_as(True), later, "mac"))
+        time.sleep(1.0)  # the start waits (the scenario: twice the idle limit)
+        return {"slow": (at + timedelta(seconds=60), at)}
+
+    try:
+        with pytest.raises(AppendError):
+            schedules.fire_due("quick", failing)
+        assert schedules.fire_due("quick", slow) == 1  # the claim given up
+        assert fired == [["slow"]]
+        assert others == []
+        row = schedules.get("slow")
+        assert row is not None
+        assert row.schedule.paused
+        assert row.next_due == later
+        assert row.last_tick is None  # the move after the change was not applied
+    finally:
+        db.close()
 
 
 @pytest.mark.serial  # kills the dev stack's broker under every other test
