@@ -210,9 +210,13 @@ def test_a_slow_start_holds_no_transaction_open_and_a_change_meanwhile_stands(
     def failing(rows: Any, at: datetime) -> dict[str, Any]:
         raise AppendError("the broker did not acknowledge")
 
+    def other(rows: Any, at: datetime) -> dict[str, Any]:
+        others.extend(r.schedule.name for r in rows)
+        return {}
+
     def slow(rows: Any, at: datetime) -> dict[str, Any]:
         fired.append([r.schedule.name for r in rows])
-        schedules.fire_due("quick", lambda rows, at: others.extend(rows) or {})
+        schedules.fire_due("quick", other)  # another worker, meanwhile
         # Changed meanwhile (paused, due later): the change stands.
         schedules.put(ScheduleRow(every.paused_as(True), later, "mac"))
         time.sleep(1.0)  # the start waits (the scenario: twice the idle limit)
