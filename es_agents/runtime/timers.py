@@ -1,9 +1,10 @@
 """Firing due timers, as every worker does in its loop.
 
-Due timers are taken in batches (``FOR UPDATE SKIP LOCKED`` on Postgres, so workers
-share the work), their ``fire_timer`` commands are produced together and
-acknowledged together, and only then are the timers marked fired. A crash in
-between fires them again; a run ignores a timer that does not wake it.
+Due timers are claimed in batches (for 30 s, under ``FOR UPDATE SKIP LOCKED`` on
+Postgres, so workers share the work), their ``fire_timer`` commands are produced
+together and acknowledged together, and only then are the timers marked fired. A
+crash in between fires them again once the claim has run out; a run ignores a timer
+that does not wake it.
 """
 
 from __future__ import annotations
