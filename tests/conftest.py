@@ -10,7 +10,10 @@ import base64
 import faulthandler
 import hashlib
 import os
+import shutil
+import subprocess
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,11 +54,34 @@ def stacks_if_stuck(request: pytest.FixtureRequest) -> Iterator[None]:
         out.write(f"{request.node.nodeid}: still running after {STUCK_AFTER} s\n")
         out.flush()
         faulthandler.dump_traceback_later(STUCK_AFTER, file=out)
+        native = threading.Timer(STUCK_AFTER + 5, _native_stacks, (path,))
+        native.daemon = True
+        native.start()
         try:
             yield
         finally:
             faulthandler.cancel_dump_traceback_later()
+            native.cancel()
     path.unlink(missing_ok=True)
+
+
+def _native_stacks(path: Path) -> None:
+    """Every thread's C stack too (gdb, where there is one): a thread stuck in a
+    C library shows nothing below its last Python line in faulthandler's dump. Run
+    from a Python thread, so it needs the GIL: no native stacks in the file means
+    a thread held the GIL throughout."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return
+    found = subprocess.run(
+        [gdb, "-p", str(os.getpid()), "-batch", "-ex", "thread apply all bt 40"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    with path.open("a") as out:
+        out.write("\nnative stacks (gdb):\n" + found.stdout[-60000:])
 
 
 @pytest.fixture(autouse=True)
