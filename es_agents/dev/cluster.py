@@ -3,6 +3,7 @@ and who leads what -- for the cluster's tests and chaos faults."""
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -55,12 +56,30 @@ def leader_of(bootstrap: str, topic: str, partition: int) -> int:
     return int(meta.topics[topic].partitions[partition].leader)
 
 
-def controller_of(bootstrap: str) -> int:
-    """The broker id of the active controller."""
-    from confluent_kafka.admin import AdminClient  # noqa: PLC0415
-
-    admin = AdminClient({"bootstrap.servers": bootstrap})  # alive until the answer
-    return int(admin.describe_cluster().result(timeout=10).controller.id)
+def controller_of(nodes: Sequence[DevKafka]) -> int:
+    """The node id of the active KRaft controller: the leader of the newest epoch
+    in the running nodes' ``quorum-state`` files (each node writes there the leader
+    it follows). A client cannot ask: on a KRaft cluster the ``controller`` that
+    DescribeCluster and Metadata answer is a random live broker, not the active
+    controller."""
+    newest: tuple[int, int] | None = None  # (epoch, leader)
+    for node in nodes:
+        if node.proc.pid() is None:
+            continue
+        state = node.data / "__cluster_metadata-0" / "quorum-state"
+        try:
+            found = json.loads(state.read_text())
+        except (OSError, ValueError):
+            continue
+        epoch, leader = (
+            int(found.get("leaderEpoch", -1)),
+            int(found.get("leaderId", -1)),
+        )
+        if leader >= 0 and (newest is None or epoch > newest[0]):
+            newest = (epoch, leader)
+    if newest is None:
+        raise RuntimeError("no running node names an active controller")
+    return newest[1]
 
 
 def fully_replicated(bootstrap: str) -> bool:

@@ -153,12 +153,18 @@ class DevKafka:
             # A cluster fences a silent broker after 4 s (Kafka's default: 9 s), so
             # its partitions get new leaders sooner, and drops a silent follower from
             # the in-sync replicas after 5 s (default 30 s), so acks=all writes and
-            # the high watermark move on with the two brokers left.
+            # the high watermark move on with the two brokers left. The controllers
+            # elect a new active controller after 1 s without hearing from it
+            # (Kafka's default: 2 s), and a vote lasts 0.5-1 s (default 1-2 s): a
+            # new controller restarts every broker's session, so a dead controller's
+            # partitions wait out the election and then the 4 s.
             **(
                 {
                     "broker.session.timeout.ms": "4000",
                     "broker.heartbeat.interval.ms": "1000",
                     "replica.lag.time.max.ms": "5000",
+                    "controller.quorum.fetch.timeout.ms": "1000",
+                    "controller.quorum.election.timeout.ms": "500",
                 }
                 if self.cluster
                 else {}

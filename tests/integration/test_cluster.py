@@ -180,7 +180,7 @@ def _faults(brokers: list[DevKafka], kafka: KafkaSettings, journal: Path) -> lis
     progresses("the leader's death")  # two of three brokers serve on
     leader.start()
     until(lambda: dev_cluster.fully_replicated(bootstrap), 120, "in sync again")
-    controller = by_id[dev_cluster.controller_of(bootstrap)]
+    controller = by_id[dev_cluster.controller_of(brokers)]
     controller.kill(signal.SIGKILL)
     faults.append(f"SIGKILL controller {controller.name}")
     progresses("the controller's death")

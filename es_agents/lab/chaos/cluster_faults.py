@@ -88,6 +88,7 @@ class BrokerFault:
     kind: str
     broker: int
     led: int  # events partitions the broker led
+    controller: bool  # the broker was the active KRaft controller
     resumed_s: float  # kill -> the first acknowledgement after the stall
     rate_before: float  # acknowledgements/s in the minute before the kill
     rate_down: float  # acknowledgements/s while it was down
@@ -107,13 +108,14 @@ def kill_node(
     """SIGKILL the leader of a random events partition (or the controller), keep it
     down ``DOWN_SECONDS``, start it and wait for sync; what it cost."""
     bootstrap = kafka.bootstrap_servers
+    wait_in_sync(bootstrap)
+    controller = dev_cluster.controller_of(stack.brokers)
     if kind == "kill_controller":
-        target = dev_cluster.controller_of(bootstrap)
+        target = controller
     else:
         partition = rng.randrange(kafka.partitions)
         target = dev_cluster.leader_of(bootstrap, kafka.events_topic, partition)
     node = next(n for n in stack.brokers if n.node == target)
-    wait_in_sync(bootstrap)
     led = sum(
         dev_cluster.leader_of(bootstrap, kafka.events_topic, p) == target
         for p in range(kafka.partitions)
@@ -128,6 +130,7 @@ def kill_node(
         kind=kind,
         broker=target,
         led=led,
+        controller=target == controller,
         resumed_s=round(clock.resumed(killed, ended), 2),
         rate_before=round(clock.rate(killed - 60, killed), 1),
         rate_down=round(clock.rate(killed, ended), 1),

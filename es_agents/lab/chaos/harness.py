@@ -353,7 +353,8 @@ class Chaos:
             cost = kill_node(self.stack, self.kafka, fault.kind, self.rng, self.clock)
             self.broker_faults.append(cost)
             self.detail = (
-                f"{'':8}broker {cost.broker} (led {cost.led} partitions): "
+                f"{'':8}broker {cost.broker} (led {cost.led} partitions"
+                f"{', the active controller' if cost.controller else ''}): "
                 f"acknowledged again {cost.resumed_s:.1f} s after the kill; "
                 f"{cost.rate_down:.0f}/s while down vs {cost.rate_before:.0f}/s "
                 f"in the minute before ({cost.ratio:.0%})"
