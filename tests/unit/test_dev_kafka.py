@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from es_agents.cli import cli
 from es_agents.dev import cluster, kafka, secured
 from es_agents.dev.config import DevSettings
+from es_agents.dev.process import ManagedProcess
 
 
 def test_a_cluster_id_never_starts_with_a_dash(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -71,3 +72,31 @@ def test_dev_env_names_the_roles_only_of_a_stack_with_acls(
     assert shown.exit_code == 0, shown.output
     assert "export ES_AGENTS_SASL_USERNAME=es-client" in shown.output
     assert "ES_AGENTS_SECURITY_PROTOCOL=SASL_PLAINTEXT" in shown.output
+
+
+def test_the_active_controller_is_the_newest_epoch_leader_of_the_running_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chaos run's ``kill_controller`` and the cluster test kill the node the
+    quorum follows, read from the nodes' quorum-state files: a client's
+    DescribeCluster names a random broker on KRaft."""
+    dev = DevSettings(home=tmp_path, kafka_brokers=3)
+    nodes = [kafka.DevKafka(dev, node=n) for n in (1, 2, 3)]
+    # Node 1 still names its old leader (it was down through an election); node 3
+    # names the newest, but is down now; node 2 follows the newest it heard of.
+    for node, (leader, epoch) in zip(nodes, [(1, 4), (2, 6), (3, 7)], strict=True):
+        state = node.data / "__cluster_metadata-0" / "quorum-state"
+        state.parent.mkdir(parents=True)
+        state.write_text(f'{{"leaderId": {leader}, "leaderEpoch": {epoch}}}')
+    running = {1: 101, 2: 102, 3: None}
+    by_file = {node.proc.pidfile: node.node for node in nodes}
+    monkeypatch.setattr(
+        ManagedProcess, "pid", lambda self: running[by_file[self.pidfile]]
+    )
+    assert cluster.controller_of(nodes) == 2
+    running[3] = 103
+    assert cluster.controller_of(nodes) == 3
+    for node in nodes:
+        (node.data / "__cluster_metadata-0" / "quorum-state").write_text("{}")
+    with pytest.raises(RuntimeError, match="active controller"):
+        cluster.controller_of(nodes)
