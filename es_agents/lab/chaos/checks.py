@@ -157,6 +157,11 @@ def print_report(
         f"{report['calls_refused_by_fencing_token']}; "
         f"acknowledgements checked {report['acknowledgements_checked']}"
     )
+    for fault in report.get("broker_faults", []):
+        echo(
+            f"broker {fault['broker']} killed at {fault['at_s']:.1f} s: the longest "
+            f"stall of a run that began while it was down, {fault['stall_s']:.1f} s"
+        )
     for stall in report.get("longest_stalls", []):
         echo(
             f"stall of {stall['s']:.1f} s at {stall['at_s']:.1f} s: run "

@@ -92,6 +92,8 @@ class BrokerFault:
     resumed_s: float  # kill -> the first acknowledgement after the stall
     rate_before: float  # acknowledgements/s in the minute before the kill
     rate_down: float  # acknowledgements/s while it was down
+    at: float = 0.0  # when it was killed (epoch seconds)
+    down_s: float = 0.0  # how long it stayed down
 
     @property
     def ratio(self) -> float:
@@ -120,7 +122,7 @@ def kill_node(
         dev_cluster.leader_of(bootstrap, kafka.events_topic, p) == target
         for p in range(kafka.partitions)
     )
-    killed = time.monotonic()
+    killed, at = time.monotonic(), time.time()
     node.kill(signal.SIGKILL)
     time.sleep(DOWN_SECONDS)
     ended = time.monotonic()
@@ -134,6 +136,8 @@ def kill_node(
         resumed_s=round(clock.resumed(killed, ended), 2),
         rate_before=round(clock.rate(killed - 60, killed), 1),
         rate_down=round(clock.rate(killed, ended), 1),
+        at=at,
+        down_s=round(ended - killed, 1),
     )
 
 
@@ -161,14 +165,21 @@ class Stall:
     at: float  # when it began (epoch seconds)
 
 
-def longest_stalls(runs: dict[str, list[Event]], count: int = 3) -> list[Stall]:
+def longest_stalls(
+    runs: dict[str, list[Event]],
+    count: int = 3,
+    began: tuple[float, float] | None = None,
+) -> list[Stall]:
     """The longest times between two events of one run, one per run (pauses for a
-    person or a timer left out: they wait on purpose), longest first."""
+    person or a timer left out: they wait on purpose), longest first; ``began``:
+    only stalls that began within these epoch seconds."""
     stalls: list[Stall] = []
     for run_id, events in runs.items():
         worst: Stall | None = None
         for a, b in itertools.pairwise(events):
             if isinstance(a, Interrupted):
+                continue
+            if began is not None and not began[0] <= a.at.timestamp() <= began[1]:
                 continue
             seconds = (b.at - a.at).total_seconds()
             if worst is None or seconds > worst.seconds:

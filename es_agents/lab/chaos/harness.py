@@ -471,7 +471,7 @@ class Chaos:
             "calls_refused_by_fencing_token": sum(self.effects.fenced.values()),
             "brokers": len(self.stack.brokers),
             **self._stalls(runs),
-            **self._broker_figures(),
+            **self._broker_figures(runs),
             "violations": {k: len(v) for k, v in violations.items()},
         }
         print_report(self.echo, self.timeline, report, violations)
@@ -494,13 +494,27 @@ class Chaos:
             ],
         }
 
-    def _broker_figures(self) -> dict[str, Any]:
-        """Per broker fault, and their medians and worst (a cluster only)."""
+    def _broker_figures(self, runs: dict[str, list[Event]]) -> dict[str, Any]:
+        """Per broker fault, and their medians and worst (a cluster only); with the
+        longest stall of a run that began while the broker was down (from a second
+        before the kill: a step already waiting when it fell)."""
         costs = self.broker_faults
         if not costs:
             return {}
+        faults = []
+        for c in costs:
+            during = longest_stalls(runs, 1, (c.at - 1, c.at + c.down_s))
+            faults.append(
+                {
+                    **asdict(c),
+                    "ratio": round(c.ratio, 2),
+                    "at_s": round(c.at - self.wall_t0, 1),
+                    "stall_s": during[0].seconds if during else 0.0,
+                }
+            )
         return {
-            "broker_faults": [{**asdict(c), "ratio": round(c.ratio, 2)} for c in costs],
+            "broker_faults": faults,
+            "broker_stall_s_max": max(f["stall_s"] for f in faults),
             "resumed_s_median": statistics.median(c.resumed_s for c in costs),
             "resumed_s_max": max(c.resumed_s for c in costs),
             "down_rate_ratio_median": round(
