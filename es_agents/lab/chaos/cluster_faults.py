@@ -92,8 +92,8 @@ class BrokerFault:
     resumed_s: float  # kill -> the first acknowledgement after the stall
     rate_before: float  # acknowledgements/s in the minute before the kill
     rate_down: float  # acknowledgements/s while it was down
-    at: float = 0.0  # when it was killed (epoch seconds)
-    down_s: float = 0.0  # how long it stayed down
+    at: float  # when it was killed (epoch seconds)
+    down_s: float  # how long it stayed down
 
     @property
     def ratio(self) -> float:
